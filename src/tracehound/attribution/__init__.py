@@ -1,0 +1,1 @@
+"""Map kernel cgroup ids to the workloads they belong to."""

@@ -1,0 +1,43 @@
+"""cgroup v2 id -> path relative to the cgroup2 root.
+
+bpf_get_current_cgroup_id() returns the kernfs node id of the task's cgroup,
+which is the inode number of its directory in cgroup2fs.
+"""
+from __future__ import annotations
+
+import os
+import time
+
+
+class CgroupResolver:
+    def __init__(self, root: str, min_rescan_interval: float = 1.0):
+        self.root = root.rstrip("/") or "/"
+        self._paths: dict[int, str] = {}
+        self._last_scan = 0.0
+        self._min_interval = min_rescan_interval
+        self._scan()
+
+    def _scan(self) -> None:
+        self._last_scan = time.monotonic()
+        root_len = len(self.root)
+        for dirpath, _dirs, _files in os.walk(self.root):
+            try:
+                ino = os.stat(dirpath).st_ino
+            except OSError:
+                continue
+            rel = dirpath[root_len:] or "/"
+            self._paths[ino] = rel
+
+    def path(self, cgroup_id: int) -> str:
+        """The cgroup's path; ids of removed cgroups keep their last known path
+        so a series never changes labels while the agent runs."""
+        p = self._paths.get(cgroup_id)
+        if p is None and time.monotonic() - self._last_scan >= self._min_interval:
+            self._scan()
+            p = self._paths.get(cgroup_id)
+        if p is None:
+            return f"unknown:{cgroup_id}"
+        return p
+
+    def id_of(self, rel_path: str) -> int:
+        return os.stat(os.path.join(self.root, rel_path.lstrip("/"))).st_ino

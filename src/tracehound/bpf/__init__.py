@@ -1,0 +1,1 @@
+"""Thin Python layer over the system libbpf."""

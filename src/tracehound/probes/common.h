@@ -1,0 +1,73 @@
+/* Shared between the BPF probes and (by convention, mirrored in Python) the
+ * collectors that decode their maps. Keep the layouts in sync with
+ * tracehound/collectors/io.py. */
+#ifndef TRACEHOUND_COMMON_H
+#define TRACEHOUND_COMMON_H
+
+enum io_op {
+	OP_READ = 0,
+	OP_WRITE,
+	OP_OPEN,
+	OP_CREATE,
+	OP_UNLINK,
+	OP_MKDIR,
+	OP_RMDIR,
+	OP_RENAME,
+	OP_FSYNC,
+	OP_MAX,
+};
+
+enum io_hist {
+	HIST_READ = 0,
+	HIST_WRITE,
+	HIST_FSYNC,
+	HIST_MAX,
+	HIST_NONE = -1,
+};
+
+/* log2(ns) buckets: slot i counts latencies in [2^i, 2^(i+1)) ns; the last
+ * slot also takes everything slower (2^31 ns ~ 2.1 s). */
+#define HIST_SLOTS 32
+
+/* key.flags: the mnt field holds a device number (s_dev) rather than a mount
+ * id; used by VFS hooks that only see a dentry (mkdir, unlink, ...). */
+#define IO_KEY_DEV 1
+
+struct io_key {
+	__u64 cgroup_id;
+	__u32 mnt;
+	__u32 flags;
+};
+
+struct io_stats {
+	__u64 bytes[2];          /* OP_READ, OP_WRITE: bytes actually transferred */
+	__u64 calls[OP_MAX];
+	__u64 errors[OP_MAX];
+	__u64 lat_sum_ns[HIST_MAX];
+	__u64 hist[HIST_MAX][HIST_SLOTS];
+};
+
+/* Index of counters in the io_health array. */
+enum io_health {
+	HEALTH_STATS_FULL = 0,   /* io_stats had no room for a new key */
+	HEALTH_START_FULL,       /* in-flight table had no room */
+	HEALTH_MAX,
+};
+
+#define FSTYPE_LEN 16
+struct fstype_name {
+	char name[FSTYPE_LEN];
+};
+
+#define PATH_LEN 256
+struct mnt_lpm_key {
+	__u32 prefixlen;
+	char path[PATH_LEN];
+};
+
+struct mnt_lpm_value {
+	__u32 mnt_id;
+	__u32 skip;
+};
+
+#endif

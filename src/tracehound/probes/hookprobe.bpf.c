@@ -1,0 +1,13 @@
+// SPDX-License-Identifier: GPL-2.0
+/* Smallest possible fentry program: the loader retargets it at each VFS
+ * function to learn, per function, whether this kernel accepts fentry. */
+#include <linux/bpf.h>
+#include <bpf/bpf_helpers.h>
+
+char LICENSE[] SEC("license") = "GPL";
+
+SEC("fentry/vfs_read")
+int probe_fentry(void *ctx)
+{
+	return 0;
+}

@@ -1,0 +1,135 @@
+"""Loader for io.bpf.o: picks a hook mode per group, loads, attaches, and
+keeps the probe's configuration maps (skip list, mount prefixes) current."""
+from __future__ import annotations
+
+import logging
+import struct
+from dataclasses import dataclass
+
+from ..bpf import features
+from ..bpf.loader import BpfObject
+from ..errors import ProbeError, TracehoundError
+from ..host.mounts import DEFAULT_SKIP_FSTYPES, MountTable
+from . import object_path
+
+log = logging.getLogger(__name__)
+
+FSTYPE_LEN = 16
+PATH_LEN = 256
+MAX_RETRIES = 8
+
+
+@dataclass
+class IoProbeConfig:
+    hook_mode: str = "auto"
+    skip_fstypes: tuple[str, ...] = DEFAULT_SKIP_FSTYPES
+    max_entries: int = 8192
+
+
+class IoProbe:
+    """The loaded and attached I/O probe. Use as a context manager."""
+
+    name = "io"
+
+    def __init__(self, config: IoProbeConfig, mounts: MountTable):
+        self.config = config
+        self.mounts = mounts
+        self.obj: BpfObject | None = None
+        self.plans: list[features.GroupPlan] = []
+        self._lpm_keys: set[bytes] = set()
+
+    # -- lifecycle --------------------------------------------------------
+    def start(self) -> "IoProbe":
+        demoted: dict[str, set[str]] = {}
+        for _ in range(MAX_RETRIES):
+            self.plans = features.plan(features.IO_GROUPS, self.config.hook_mode, demoted)
+            unusable = [p for p in self.plans if p.mode is None]
+            if unusable:
+                p = unusable[0]
+                why = "; ".join(f"{m}: {c.reason}" for m, c in p.checks.items())
+                raise TracehoundError(f"io probe: no usable hook for {p.group.name} ({why})")
+            try:
+                self._load_and_attach()
+                return self
+            except ProbeError as exc:
+                group = self._group_of(exc.program)
+                if self.config.hook_mode != "auto" or group is None:
+                    raise
+                mode = next(p.mode for p in self.plans if p.group.name == group)
+                log.warning("io probe: %s in %s mode failed (%s); trying the next mode",
+                            group, mode, exc.reason)
+                demoted.setdefault(group, set()).add(mode)
+        raise TracehoundError("io probe: gave up after repeated load/attach failures")
+
+    def _group_of(self, program: str) -> str | None:
+        for p in self.plans:
+            if program in p.group.programs(p.mode):
+                return p.group.name
+        return None
+
+    def _load_and_attach(self) -> None:
+        self.close()
+        obj = BpfObject(object_path("io"))
+        try:
+            wanted = set()
+            for p in self.plans:
+                progs = p.group.programs(p.mode)
+                if p.mode == "tracepoint":
+                    skip = {f"tp_{d}_{s}" for s in p.missing_tracepoints for d in ("enter", "exit")}
+                    progs = [x for x in progs if x not in skip]
+                wanted.update(progs)
+            for name, prog in obj.programs.items():
+                prog.autoload = name in wanted
+            obj.map("io_stats").set_max_entries(self.config.max_entries)
+            obj.load()
+            self.obj = obj
+            self._configure()
+            obj.attach_all()
+        except BaseException:
+            obj.close()
+            self.obj = None
+            raise
+
+    def close(self) -> None:
+        if self.obj is not None:
+            self.obj.close()
+            self.obj = None
+
+    def __enter__(self) -> "IoProbe":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    # -- configuration maps ----------------------------------------------
+    def _configure(self) -> None:
+        skip = self.obj.map("skip_fstypes")
+        for name in self.config.skip_fstypes:
+            raw = name.encode()[:FSTYPE_LEN - 1]
+            skip.update(raw.ljust(FSTYPE_LEN, b"\0"), b"\1")
+        self.obj.map("io_config").update(struct.pack("I", 0),
+                                         struct.pack("I", self.mounts.mount_namespace_inode()))
+        self.sync_mounts(force=True)
+
+    def sync_mounts(self, force: bool = False) -> None:
+        """Mirror mount points into the LPM trie used for absolute paths."""
+        if not self.mounts.refresh() and not force:
+            return
+        lpm = self.obj.map("mounts_by_path")
+        skip = set(self.config.skip_fstypes)
+        wanted: dict[bytes, bytes] = {}
+        for m in self.mounts.mounts:  # later mounts hide earlier ones at the same point
+            prefix = m.mountpoint.rstrip("/") + "/"
+            raw = prefix.encode()[:PATH_LEN]
+            key = struct.pack("I", len(raw) * 8) + raw.ljust(PATH_LEN, b"\0")
+            wanted[key] = struct.pack("II", m.mnt_id, 1 if m.fstype in skip else 0)
+        for key in self._lpm_keys - wanted.keys():
+            lpm.delete(key)
+        for key, value in wanted.items():
+            lpm.update(key, value)
+        self._lpm_keys = set(wanted)
+
+    # -- reporting ------------------------------------------------------------
+    def modes(self) -> dict[str, str]:
+        """probe name ('io.read', ...) -> hook mode in use."""
+        return {f"io.{p.group.name}": p.mode for p in self.plans}

@@ -1,0 +1,124 @@
+/* VFS-level hooks of the I/O probe (fentry/fexit and kprobe/kretprobe).
+ * Included by io.bpf.c; shares its maps and helpers.
+ *
+ * Data operations see the struct file and so the exact mount. Namespace
+ * operations (mkdir, unlink, rmdir, rename) only see a dentry: they are keyed
+ * by the super block's device number and userspace maps it to a mount. */
+
+#define IS_ERR_RET(r) ((long)(r) < 0 && (long)(r) >= -MAX_ERRNO)
+
+/* int-returning functions may leave the upper half of rax undefined, and
+ * vfs_mkdir returns a dentry pointer on newer kernels: accept both shapes. */
+static __always_inline long int_ret(__u64 r)
+{
+	return (r >> 32) == 0 ? (long)(int)r : (long)r;
+}
+
+static __always_inline void dentry_start(__u32 op, struct dentry *d)
+{
+	struct super_block *sb = BPF_CORE_READ(d, d_sb);
+
+	if (!sb || skip_sb(sb))
+		return;
+	save_start(op, BPF_CORE_READ(sb, s_dev), IO_KEY_DEV, 0);
+}
+
+static __always_inline void file_start(__u32 op, struct file *f)
+{
+	save_start(op, mount_id(BPF_CORE_READ(f, f_path.mnt)), 0, 0);
+}
+
+static __always_inline void open_start(const struct path *p, struct file *f)
+{
+	save_start_file(OP_OPEN, mount_id(BPF_CORE_READ(p, mnt)), 0, 0, f);
+}
+
+/* ---- fentry / fexit ----------------------------------------------------- */
+
+#define FE_FILE(fn, op)							\
+SEC("fentry/" #fn) int BPF_PROG(fe_##fn, struct file *f)		\
+{ file_start(op, f); return 0; }
+
+FE_FILE(vfs_read, OP_READ)
+FE_FILE(vfs_readv, OP_READ)
+FE_FILE(vfs_write, OP_WRITE)
+FE_FILE(vfs_writev, OP_WRITE)
+FE_FILE(vfs_fsync_range, OP_FSYNC)
+
+SEC("fexit/vfs_read") int BPF_PROG(fx_vfs_read, struct file *f, char *b, unsigned long n, void *p, long ret)
+{ return finish(ret); }
+SEC("fexit/vfs_write") int BPF_PROG(fx_vfs_write, struct file *f, char *b, unsigned long n, void *p, long ret)
+{ return finish(ret); }
+SEC("fexit/vfs_readv") int BPF_PROG(fx_vfs_readv, struct file *f, void *v, unsigned long n, void *p,
+				    int fl, long ret)
+{ return finish(ret); }
+SEC("fexit/vfs_writev") int BPF_PROG(fx_vfs_writev, struct file *f, void *v, unsigned long n, void *p,
+				     int fl, long ret)
+{ return finish(ret); }
+SEC("fexit/vfs_fsync_range") int BPF_PROG(fx_vfs_fsync_range, struct file *f, long s, long e, int d,
+					  int ret)
+{ return finish(ret); }
+
+SEC("fentry/vfs_open") int BPF_PROG(fe_vfs_open, const struct path *p, struct file *f)
+{ open_start(p, f); return 0; }
+SEC("fexit/vfs_open") int BPF_PROG(fx_vfs_open, const struct path *p, struct file *f, int ret)
+{ return finish(ret); }
+
+SEC("fentry/vfs_unlink") int BPF_PROG(fe_vfs_unlink, void *ns, struct inode *dir, struct dentry *d)
+{ dentry_start(OP_UNLINK, d); return 0; }
+SEC("fexit/vfs_unlink") int BPF_PROG(fx_vfs_unlink, void *ns, struct inode *dir, struct dentry *d,
+				     void *deleg, int ret)
+{ return finish(ret); }
+
+SEC("fentry/vfs_mkdir") int BPF_PROG(fe_vfs_mkdir, void *ns, struct inode *dir, struct dentry *d)
+{ dentry_start(OP_MKDIR, d); return 0; }
+SEC("fexit/vfs_mkdir") int BPF_PROG(fx_vfs_mkdir, void *ns, struct inode *dir, struct dentry *d,
+				    unsigned short mode, __u64 ret)
+{ return finish(int_ret(ret)); }
+
+SEC("fentry/vfs_rmdir") int BPF_PROG(fe_vfs_rmdir, void *ns, struct inode *dir, struct dentry *d)
+{ dentry_start(OP_RMDIR, d); return 0; }
+SEC("fexit/vfs_rmdir") int BPF_PROG(fx_vfs_rmdir, void *ns, struct inode *dir, struct dentry *d, int ret)
+{ return finish(ret); }
+
+SEC("fentry/vfs_rename") int BPF_PROG(fe_vfs_rename, struct renamedata *rd)
+{ dentry_start(OP_RENAME, BPF_CORE_READ(rd, old_dentry)); return 0; }
+SEC("fexit/vfs_rename") int BPF_PROG(fx_vfs_rename, struct renamedata *rd, int ret)
+{ return finish(ret); }
+
+/* ---- kprobe / kretprobe ------------------------------------------------- */
+
+#define KP_FILE(fn, op)							\
+SEC("kprobe/" #fn) int BPF_KPROBE(kp_##fn, struct file *f)		\
+{ file_start(op, f); return 0; }					\
+SEC("kretprobe/" #fn) int BPF_KRETPROBE(kr_##fn, long ret)		\
+{ return finish(ret); }
+
+#define KP_DENTRY(fn, op)						\
+SEC("kprobe/" #fn) int BPF_KPROBE(kp_##fn, void *ns, struct inode *dir, struct dentry *d) \
+{ dentry_start(op, d); return 0; }					\
+SEC("kretprobe/" #fn) int BPF_KRETPROBE(kr_##fn, __u64 ret)		\
+{ return finish(int_ret(ret)); }
+
+KP_FILE(vfs_read, OP_READ)
+KP_FILE(vfs_readv, OP_READ)
+KP_FILE(vfs_write, OP_WRITE)
+KP_FILE(vfs_writev, OP_WRITE)
+KP_DENTRY(vfs_unlink, OP_UNLINK)
+KP_DENTRY(vfs_mkdir, OP_MKDIR)
+KP_DENTRY(vfs_rmdir, OP_RMDIR)
+
+SEC("kprobe/vfs_fsync_range") int BPF_KPROBE(kp_vfs_fsync_range, struct file *f)
+{ file_start(OP_FSYNC, f); return 0; }
+SEC("kretprobe/vfs_fsync_range") int BPF_KRETPROBE(kr_vfs_fsync_range, __u64 ret)
+{ return finish(int_ret(ret)); }
+
+SEC("kprobe/vfs_open") int BPF_KPROBE(kp_vfs_open, const struct path *p, struct file *f)
+{ open_start(p, f); return 0; }
+SEC("kretprobe/vfs_open") int BPF_KRETPROBE(kr_vfs_open, __u64 ret)
+{ return finish(int_ret(ret)); }
+
+SEC("kprobe/vfs_rename") int BPF_KPROBE(kp_vfs_rename, struct renamedata *rd)
+{ dentry_start(OP_RENAME, BPF_CORE_READ(rd, old_dentry)); return 0; }
+SEC("kretprobe/vfs_rename") int BPF_KRETPROBE(kr_vfs_rename, __u64 ret)
+{ return finish(int_ret(ret)); }

@@ -1,0 +1,98 @@
+/* Minimal kernel type declarations for CO-RE.
+ *
+ * Only the fields tracehound reads are declared; libbpf relocates every access
+ * against the running kernel's BTF, so layout and field order here do not
+ * matter, only names and types.
+ */
+#ifndef TRACEHOUND_TYPES_H
+#define TRACEHOUND_TYPES_H
+
+#include <linux/types.h>
+
+typedef __u8 u8;
+typedef __u32 u32;
+typedef __s32 s32;
+typedef __u64 u64;
+typedef __s64 s64;
+typedef __u32 dev_t;
+typedef unsigned int fmode_t;
+typedef _Bool bool;
+#define true 1
+#define false 0
+
+#define PRESERVE __attribute__((preserve_access_index))
+
+struct file_system_type {
+	const char *name;
+} PRESERVE;
+
+struct super_block {
+	dev_t s_dev;
+	struct file_system_type *s_type;
+} PRESERVE;
+
+struct vfsmount {
+	struct super_block *mnt_sb;
+} PRESERVE;
+
+struct mount {
+	struct vfsmount mnt;
+	int mnt_id;
+} PRESERVE;
+
+struct dentry {
+	struct super_block *d_sb;
+} PRESERVE;
+
+struct path {
+	struct vfsmount *mnt;
+	struct dentry *dentry;
+} PRESERVE;
+
+struct file {
+	struct path f_path;
+	fmode_t f_mode;
+} PRESERVE;
+
+struct fdtable {
+	unsigned int max_fds;
+	struct file **fd;
+} PRESERVE;
+
+struct files_struct {
+	struct fdtable *fdt;
+} PRESERVE;
+
+struct fs_struct {
+	struct path root;
+	struct path pwd;
+} PRESERVE;
+
+struct ns_common {
+	unsigned int inum;
+} PRESERVE;
+
+struct mnt_namespace {
+	struct ns_common ns;
+} PRESERVE;
+
+struct nsproxy {
+	struct mnt_namespace *mnt_ns;
+} PRESERVE;
+
+struct task_struct {
+	struct files_struct *files;
+	struct fs_struct *fs;
+	struct nsproxy *nsproxy;
+} PRESERVE;
+
+struct inode;
+
+struct renamedata {
+	struct dentry *old_dentry;
+} PRESERVE;
+
+/* The uapi pt_regs is enough for PT_REGS_PARMn in kprobe programs. */
+#include <asm/ptrace.h>
+
+#endif
