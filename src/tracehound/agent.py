@@ -1,6 +1,7 @@
 """The node agent: probes + collectors + exporter, until a signal stops it."""
 from __future__ import annotations
 
+import functools
 import logging
 import signal
 import threading
@@ -63,7 +64,7 @@ class Agent:
         self._stop.wait()
 
 
-def run(config: AgentConfig, out=print) -> int:
+def run(config: AgentConfig, out=functools.partial(print, flush=True)) -> int:
     preflight.run_all()
     agent = Agent(config).start()
 

@@ -6,19 +6,23 @@ which is the inode number of its directory in cgroup2fs.
 from __future__ import annotations
 
 import os
-import time
 
 
 class CgroupResolver:
-    def __init__(self, root: str, min_rescan_interval: float = 1.0):
+    """Resolves ids by walking the hierarchy; at most one walk per scrape
+    (call new_scrape() first), however many unknown ids the scrape meets."""
+
+    def __init__(self, root: str):
         self.root = root.rstrip("/") or "/"
         self._paths: dict[int, str] = {}
-        self._last_scan = 0.0
-        self._min_interval = min_rescan_interval
+        self._may_rescan = False
         self._scan()
 
+    def new_scrape(self) -> None:
+        self._may_rescan = True
+
     def _scan(self) -> None:
-        self._last_scan = time.monotonic()
+        self._may_rescan = False
         root_len = len(self.root)
         for dirpath, _dirs, _files in os.walk(self.root):
             try:
@@ -32,7 +36,7 @@ class CgroupResolver:
         """The cgroup's path; ids of removed cgroups keep their last known path
         so a series never changes labels while the agent runs."""
         p = self._paths.get(cgroup_id)
-        if p is None and time.monotonic() - self._last_scan >= self._min_interval:
+        if p is None and self._may_rescan:
             self._scan()
             p = self._paths.get(cgroup_id)
         if p is None:

@@ -85,6 +85,7 @@ class IoCollector:
     def samples(self) -> dict[tuple[str, str, str], IoSample]:
         """Current counters per (cgroup, mountpoint, fstype)."""
         self.probe.sync_mounts()
+        self.cgroups.new_scrape()
         out: dict[tuple[str, str, str], IoSample] = {}
         for k, v in self.probe.obj.map("io_stats").items():
             cgid, mnt, flags = KEY.unpack(k)

@@ -3,7 +3,9 @@ keeps the probe's configuration maps (skip list, mount prefixes) current."""
 from __future__ import annotations
 
 import logging
+import select
 import struct
+import threading
 from dataclasses import dataclass
 
 from ..bpf import features
@@ -37,6 +39,9 @@ class IoProbe:
         self.obj: BpfObject | None = None
         self.plans: list[features.GroupPlan] = []
         self._lpm_keys: set[bytes] = set()
+        self._lock = threading.Lock()
+        self._watcher: threading.Thread | None = None
+        self._stop = threading.Event()
 
     # -- lifecycle --------------------------------------------------------
     def start(self) -> "IoProbe":
@@ -85,15 +90,41 @@ class IoProbe:
             self.obj = obj
             self._configure()
             obj.attach_all()
+            self._start_watcher()
         except BaseException:
             obj.close()
             self.obj = None
             raise
 
     def close(self) -> None:
-        if self.obj is not None:
-            self.obj.close()
-            self.obj = None
+        self._stop.set()
+        if self._watcher is not None:
+            self._watcher.join(timeout=2)
+            self._watcher = None
+        with self._lock:
+            if self.obj is not None:
+                self.obj.close()
+                self.obj = None
+        self._stop.clear()
+
+    def _start_watcher(self) -> None:
+        """Follow mount changes as they happen: the kernel flags
+        /proc/self/mountinfo with POLLPRI on every mount or unmount, so a new
+        file system's path prefix is known before its first namespace op."""
+        def watch():
+            with open(self.mounts.path) as f:
+                poller = select.poll()
+                poller.register(f, select.POLLPRI | select.POLLERR)
+                while not self._stop.is_set():
+                    if poller.poll(500):
+                        f.seek(0)
+                        f.read()  # re-arm
+                        try:
+                            self.sync_mounts()
+                        except Exception as exc:  # keep watching; scrapes sync too
+                            log.warning("io probe: mount sync failed: %s", exc)
+        self._watcher = threading.Thread(target=watch, name="mount-watcher", daemon=True)
+        self._watcher.start()
 
     def __enter__(self) -> "IoProbe":
         return self.start()
@@ -113,8 +144,11 @@ class IoProbe:
 
     def sync_mounts(self, force: bool = False) -> None:
         """Mirror mount points into the LPM trie used for absolute paths."""
-        if not self.mounts.refresh() and not force:
-            return
+        with self._lock:
+            if self.obj is not None and (self.mounts.refresh() or force):
+                self._sync_lpm()
+
+    def _sync_lpm(self) -> None:
         lpm = self.obj.map("mounts_by_path")
         skip = set(self.config.skip_fstypes)
         wanted: dict[bytes, bytes] = {}

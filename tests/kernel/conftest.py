@@ -1,0 +1,167 @@
+"""Host-kernel tier: the real agent, real BPF in this kernel, real cgroups,
+real file systems, scraped over HTTP."""
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+import uuid
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.conftest import tracehound_cmd
+
+WORKER = os.path.join(os.path.dirname(__file__), "worker.py")
+
+
+def _cgroup2_root():
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            parts = line.split()
+            if parts[parts.index("-", 6) + 1] == "cgroup2":
+                return parts[4]
+    return None
+
+
+def pytest_collection_modifyitems(config, items):
+    reason = None
+    if os.geteuid() != 0:
+        reason = "needs root: loads BPF programs into this kernel"
+    elif _cgroup2_root() is None:
+        reason = "needs a mounted cgroup v2 hierarchy"
+    for item in items:
+        if "tests/kernel" in str(item.fspath):
+            item.add_marker(pytest.mark.root)
+            if reason:
+                item.add_marker(pytest.mark.skip(reason=reason))
+
+
+class Agent:
+    def __init__(self, proc, url):
+        self.proc = proc
+        self.url = url
+
+    def scrape_text(self) -> str:
+        with urllib.request.urlopen(self.url, timeout=10) as r:
+            return r.read().decode()
+
+    def scrape(self) -> dict:
+        """{(sample name, frozenset(labels)): value}"""
+        out = {}
+        for fam in text_string_to_metric_families(self.scrape_text()):
+            for s in fam.samples:
+                out[(s.name, frozenset(s.labels.items()))] = s.value
+        return out
+
+
+def start_agent(hook_mode: str, *extra: str) -> Agent:
+    proc = subprocess.Popen(tracehound_cmd() + ["run", "--listen", "127.0.0.1:0",
+                                                "--hook-mode", hook_mode, *extra],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    lines = []
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        line = proc.stdout.readline()
+        if not line:
+            break
+        lines.append(line)
+        m = re.search(r"serving metrics on (\S+)", line)
+        if m:
+            # the mode lines follow; wait until all probes are reported
+            url = m.group(1)
+            while True:
+                line = proc.stdout.readline()
+                lines.append(line)
+                if "mode" not in line or "io.rename" in line:
+                    break
+            return Agent(proc, url)
+    proc.kill()
+    pytest.fail("agent did not start:\n" + "".join(lines) + (proc.stdout.read() or ""))
+
+
+def stop_agent(agent: Agent) -> None:
+    agent.proc.terminate()
+    try:
+        agent.proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        agent.proc.kill()
+        pytest.fail("agent ignored SIGTERM for 20 s")
+
+
+@pytest.fixture(scope="session")
+def hook_mode(request):
+    return request.config.getoption("--hook-mode")
+
+
+@pytest.fixture(scope="session")
+def agent(hook_mode):
+    a = start_agent(hook_mode)
+    yield a
+    stop_agent(a)
+
+
+@pytest.fixture(scope="session")
+def cgroup_root():
+    return _cgroup2_root()
+
+
+@pytest.fixture
+def cgroup(cgroup_root):
+    """A fresh child cgroup; yields its path relative to the cgroup2 root."""
+    rel = f"/thtest/{uuid.uuid4().hex[:12]}"
+    path = cgroup_root + rel
+    os.makedirs(path)
+    yield rel
+    for _ in range(50):
+        try:
+            os.rmdir(path)
+            break
+        except OSError:
+            time.sleep(0.1)
+
+
+@pytest.fixture(scope="session")
+def tmpfs():
+    d = tempfile.mkdtemp(prefix="thtest-tmpfs-")
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=512m", "thtest", d], check=True)
+    yield d
+    subprocess.run(["umount", "-l", d], check=False)
+    os.rmdir(d)
+
+
+@pytest.fixture
+def ext4_dir():
+    """A directory on the root file system (ext4 on this machine)."""
+    d = tempfile.mkdtemp(prefix="thtest-root-", dir="/var/tmp")
+    yield d
+    subprocess.run(["rm", "-rf", d], check=False)
+
+
+def run_in_cgroup(cgroup_root: str, cgroup: str, plan: list) -> list:
+    """Run the worker inside the cgroup; returns each operation's result."""
+    procs = cgroup_root + cgroup + "/cgroup.procs"
+    out = subprocess.run([sys.executable, WORKER, procs, json.dumps(plan)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    return json.loads(out.stdout)
+
+
+def exec_in_cgroup(cgroup_root: str, cgroup: str, argv: list[str]) -> subprocess.CompletedProcess:
+    """exec an arbitrary program inside the cgroup (via a shell that joins it first)."""
+    procs = cgroup_root + cgroup + "/cgroup.procs"
+    return subprocess.run(["sh", "-c", 'echo $$ > "$0" && exec "$@"', procs, *argv],
+                          capture_output=True, text=True, timeout=300)
+
+
+def series(metrics: dict, name: str, **labels) -> float:
+    want = set(labels.items())
+    return sum(v for (n, ls), v in metrics.items() if n == name and want <= set(ls))
+
+
+def mount_of(path: str) -> str:
+    return subprocess.run(["findmnt", "-n", "-o", "TARGET", "--target", path],
+                          capture_output=True, text=True, check=True).stdout.strip()

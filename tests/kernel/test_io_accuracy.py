@@ -1,0 +1,156 @@
+"""Exact byte and call accounting per (cgroup, mount) against the real kernel."""
+import os
+import shutil
+
+import pytest
+
+from tests.kernel.conftest import exec_in_cgroup, mount_of, run_in_cgroup, series
+
+MiB = 1 << 20
+
+
+def labels(cgroup, mountpoint):
+    return {"cgroup": cgroup, "mountpoint": mountpoint}
+
+
+@pytest.mark.parametrize("fs", ["tmpfs", "ext4"])
+def test_python_worker_bytes_exact(agent, cgroup_root, cgroup, fs, tmpfs, ext4_dir):
+    base = tmpfs if fs == "tmpfs" else ext4_dir
+    mnt = mount_of(base)
+    f = os.path.join(base, "data")
+    # odd sizes so a request-size count could not pass by accident
+    res = run_in_cgroup(cgroup_root, cgroup, [
+        ["write", f, 3 * MiB + 123, 65536],
+        ["read", f, 100_000],
+        ["pread", f, 5000, 3 * MiB],          # short read: only 123 bytes exist there
+        ["writev", f, [10, 20, 30]],
+        ["readv", f, [1000, 7]],
+    ])
+    assert res[0] == 3 * MiB + 123 and res[1] == 3 * MiB + 123 and res[2] == 123
+    m = agent.scrape()
+    lb = labels(cgroup, mnt)
+    assert series(m, "tracehound_io_write_bytes_total", **lb) == 3 * MiB + 123 + 60
+    assert series(m, "tracehound_io_read_bytes_total", **lb) == 3 * MiB + 123 + 123 + 1007
+    # write: ceil((3 MiB + 123) / 64 KiB) calls + 1 writev
+    assert series(m, "tracehound_io_write_requests_total", **lb) == 49 + 1
+    # read loop: 31 full + 1 partial + 1 at EOF; then 1 pread, 1 readv
+    assert series(m, "tracehound_io_read_requests_total", **lb) == 31 + 1 + 1 + 1 + 1
+    assert series(m, "tracehound_io_read_errors_total", **lb) == 0
+    assert m[("tracehound_io_write_bytes_total",
+              frozenset({**lb, "fstype": fs}.items()))] == 3 * MiB + 123 + 60
+
+
+def test_histogram_counts_equal_requests(agent, cgroup_root, cgroup, tmpfs):
+    f = os.path.join(tmpfs, "hist")
+    run_in_cgroup(cgroup_root, cgroup, [["write", f, 40960, 4096], ["read", f, 4096],
+                                        ["fsync", f]])
+    m = agent.scrape()
+    lb = labels(cgroup, tmpfs)
+    for op in ("read", "write", "fsync"):
+        reqs = series(m, f"tracehound_io_{op}_requests_total", **lb)
+        assert reqs > 0
+        assert series(m, f"tracehound_io_{op}_latency_seconds_count", **lb) == reqs
+        assert series(m, f"tracehound_io_{op}_latency_seconds_bucket", le="+Inf", **lb) == reqs
+        assert series(m, f"tracehound_io_{op}_latency_seconds_sum", **lb) > 0
+    assert series(m, "tracehound_io_fsync_requests_total", **lb) == 2  # fsync + fdatasync
+    # buckets are cumulative
+    buckets = sorted((float(dict(ls)["le"]), v) for (n, ls), v in m.items()
+                     if n == "tracehound_io_read_latency_seconds_bucket"
+                     and set(lb.items()) <= set(ls))
+    assert [v for _, v in buckets] == sorted(v for _, v in buckets)
+
+
+def test_failing_calls_are_errors(agent, cgroup_root, cgroup, tmpfs):
+    d = os.path.join(tmpfs, "errs")
+    os.makedirs(d, exist_ok=True)
+    f = os.path.join(d, "ro")
+    open(f, "w").close()
+    res = run_in_cgroup(cgroup_root, cgroup, [["read_dir_fd", d], ["write_rdonly", f]])
+    assert res == [-21, -9]  # EISDIR, EBADF
+    m = agent.scrape()
+    lb = labels(cgroup, tmpfs)
+    assert series(m, "tracehound_io_read_errors_total", **lb) == 1
+    assert series(m, "tracehound_io_read_requests_total", **lb) == 1
+    assert series(m, "tracehound_io_write_errors_total", **lb) == 1
+    assert series(m, "tracehound_io_read_bytes_total", **lb) == 0
+
+
+def test_namespace_operations(agent, cgroup_root, cgroup, tmpfs):
+    d = os.path.join(tmpfs, "ns-" + cgroup.rsplit("/", 1)[1])
+    res = run_in_cgroup(cgroup_root, cgroup, [
+        ["mkdir", d],
+        ["mkdir", d],                               # EEXIST
+        ["create", d + "/a"],
+        ["open", d + "/a"],
+        ["open", d + "/missing"],                   # ENOENT
+        ["rename", d + "/a", d + "/b"],
+        ["unlink", d + "/b"],
+        ["unlink", d + "/b"],                       # ENOENT
+        ["chdir", d],
+        ["mkdir", "rel"],                           # relative to the cwd on tmpfs
+        ["rmdir", "rel"],
+        ["rmdir", d + "/nope"],                     # ENOENT
+    ])
+    assert res == [0, -17, 0, 0, -2, 0, 0, -2, 0, 0, 0, -2]
+    m = agent.scrape()
+    lb = labels(cgroup, tmpfs)
+    expect = {"mkdir": (3, 1), "create": (1, 0), "open": (3, 1), "rename": (1, 0),
+              "unlink": (2, 1), "rmdir": (2, 1)}
+    for op, (calls, errors) in expect.items():
+        assert series(m, f"tracehound_io_{op}_requests_total", **lb) == calls, op
+        assert series(m, f"tracehound_io_{op}_errors_total", **lb) == errors, op
+
+
+def test_dd_on_tmpfs_and_ext4(agent, cgroup_root, cgroup, tmpfs, ext4_dir):
+    for base in (tmpfs, ext4_dir):
+        f = os.path.join(base, "dd.out")
+        out = exec_in_cgroup(cgroup_root, cgroup,
+                             ["dd", "if=/dev/zero", f"of={f}", "bs=4096", "count=777"])
+        assert out.returncode == 0, out.stderr
+    # reading back with dd: the binary's own library loads read from /, so only
+    # the tmpfs read is exact
+    out = exec_in_cgroup(cgroup_root, cgroup,
+                         ["dd", f"if={tmpfs}/dd.out", "of=/dev/null", "bs=1000"])
+    assert out.returncode == 0, out.stderr
+    m = agent.scrape()
+    for base in (tmpfs, ext4_dir):
+        lb = labels(cgroup, mount_of(base))
+        assert series(m, "tracehound_io_write_bytes_total", **lb) == 777 * 4096
+    assert series(m, "tracehound_io_read_bytes_total", **labels(cgroup, tmpfs)) == 777 * 4096
+    # /dev/zero lives on devtmpfs: skipped by default
+    assert not [k for k in m if ("fstype", "devtmpfs") in k[1]]
+
+
+@pytest.mark.skipif(shutil.which("fio") is None, reason="fio is not installed")
+def test_fio_on_tmpfs(agent, cgroup_root, cgroup, tmpfs):
+    f = os.path.join(tmpfs, "fio.dat")
+    common = ["fio", "--name=acc", f"--filename={f}", "--size=8M", "--bs=4k",
+              "--ioengine=psync", "--output-format=terse"]
+    for rw in ("write", "randread"):
+        out = exec_in_cgroup(cgroup_root, cgroup, common + [f"--rw={rw}"])
+        assert out.returncode == 0, out.stdout + out.stderr
+    m = agent.scrape()
+    lb = labels(cgroup, tmpfs)
+    assert series(m, "tracehound_io_write_bytes_total", **lb) == 8 << 20
+    assert series(m, "tracehound_io_read_bytes_total", **lb) == 8 << 20
+    assert series(m, "tracehound_io_read_requests_total", **lb) == 2048
+
+
+def test_counters_never_decrease(agent, cgroup_root, cgroup, tmpfs):
+    f = os.path.join(tmpfs, "mono")
+    before = agent.scrape()
+    run_in_cgroup(cgroup_root, cgroup, [["write", f, 1 << 20, 4096]])
+    after = agent.scrape()
+    for key, v in before.items():
+        if key[0].endswith(("_total", "_count", "_bucket", "_sum")) and key in after:
+            assert after[key] >= v, key
+
+
+def test_probe_modes_reported(agent, hook_mode):
+    m = agent.scrape()
+    modes = {dict(ls)["probe"]: dict(ls)["mode"] for (n, ls), v in m.items()
+             if n == "tracehound_probe_info" and v == 1}
+    assert set(modes) == {"io.read", "io.write", "io.fsync", "io.open", "io.remove",
+                          "io.mkdir", "io.rename"}
+    if hook_mode != "auto":
+        assert set(modes.values()) == {hook_mode}
