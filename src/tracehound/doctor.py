@@ -44,6 +44,4 @@ def doctor(hook_mode: str = "auto", out=print) -> int:
         for mode, check in gp.checks.items():
             mark = "ok" if check.ok else "no"
             out(f"      {mode:<10} {mark:<3} {check.reason}")
-        if gp.missing_tracepoints and gp.mode == "tracepoint":
-            out(f"      (syscalls absent on this architecture: {', '.join(gp.missing_tracepoints)})")
     return 1 if problems else 0

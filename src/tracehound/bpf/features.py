@@ -20,32 +20,46 @@ MODES = ("fentry", "kprobe", "tracepoint")
 TRACEFS = "/sys/kernel/tracing"
 
 
+# enum io_op in probes/common.h
+OPS = ("read", "write", "open", "create", "unlink", "mkdir", "rmdir", "rename", "fsync")
+
+# Syscall mode: two raw tracepoints serve every group; io_config.tp_ops tells
+# them which operations are theirs to count.
+SYSCALL_PROGRAMS = ["tp_sys_enter", "tp_sys_exit"]
+
+
 @dataclass(frozen=True)
 class HookGroup:
     """Operations that must share a mode so no call is counted twice."""
     name: str
     functions: tuple[str, ...]      # VFS functions for fentry/kprobe
-    syscalls: tuple[str, ...]       # syscall tracepoints
+    syscalls: tuple[str, ...]       # the syscalls it covers in tracepoint mode
+    ops: tuple[str, ...]
 
     def programs(self, mode: str) -> list[str]:
         if mode == "fentry":
             return [f"{p}_{f}" for f in self.functions for p in ("fe", "fx")]
         if mode == "kprobe":
             return [f"{p}_{f}" for f in self.functions for p in ("kp", "kr")]
-        return [f"tp_{d}_{s}" for s in self.syscalls for d in ("enter", "exit")]
+        return list(SYSCALL_PROGRAMS)
+
+    @property
+    def op_mask(self) -> int:
+        return sum(1 << OPS.index(op) for op in self.ops)
 
 
 IO_GROUPS = (
     HookGroup("read", ("vfs_read", "vfs_readv"),
-              ("read", "pread64", "readv", "preadv", "preadv2")),
+              ("read", "pread64", "readv", "preadv", "preadv2"), ("read",)),
     HookGroup("write", ("vfs_write", "vfs_writev"),
-              ("write", "pwrite64", "writev", "pwritev", "pwritev2")),
-    HookGroup("fsync", ("vfs_fsync_range",), ("fsync", "fdatasync")),
-    HookGroup("open", ("vfs_open",), ("open", "openat", "openat2", "creat")),
+              ("write", "pwrite64", "writev", "pwritev", "pwritev2"), ("write",)),
+    HookGroup("fsync", ("vfs_fsync_range",), ("fsync", "fdatasync"), ("fsync",)),
+    HookGroup("open", ("vfs_open",), ("open", "openat", "openat2", "creat"), ("open", "create")),
     # unlinkat(AT_REMOVEDIR) is an rmdir: both must be hooked the same way.
-    HookGroup("remove", ("vfs_unlink", "vfs_rmdir"), ("unlink", "unlinkat", "rmdir")),
-    HookGroup("mkdir", ("vfs_mkdir",), ("mkdir", "mkdirat")),
-    HookGroup("rename", ("vfs_rename",), ("rename", "renameat", "renameat2")),
+    HookGroup("remove", ("vfs_unlink", "vfs_rmdir"), ("unlink", "unlinkat", "rmdir"),
+              ("unlink", "rmdir")),
+    HookGroup("mkdir", ("vfs_mkdir",), ("mkdir", "mkdirat"), ("mkdir",)),
+    HookGroup("rename", ("vfs_rename",), ("rename", "renameat", "renameat2"), ("rename",)),
 )
 
 
@@ -60,7 +74,6 @@ class GroupPlan:
     group: HookGroup
     mode: str | None
     checks: dict[str, ModeCheck] = field(default_factory=dict)
-    missing_tracepoints: tuple[str, ...] = ()
 
 
 def ensure_tracefs() -> bool:
@@ -79,20 +92,30 @@ def hookprobe_path() -> str:
     return os.path.join(os.path.dirname(os.path.dirname(__file__)), "probes", "hookprobe.bpf.o")
 
 
-@lru_cache(maxsize=None)
-def fentry_check(function: str) -> ModeCheck:
+def _try_load(program: str, target: str | None = None) -> str | None:
+    """Load one program of the hook-probe object; None if the kernel took it,
+    else the reason it did not."""
     try:
         obj = BpfObject(hookprobe_path())
     except TracehoundError as exc:
-        return ModeCheck(False, str(exc))
+        return str(exc)
     with obj:
-        prog = obj.programs["probe_fentry"]
+        for name, prog in obj.programs.items():
+            prog.autoload = name == program
         try:
-            prog.set_attach_target(function)
+            if target:
+                obj.programs[program].set_attach_target(target)
             obj.load()
         except TracehoundError as exc:
-            reason = getattr(exc, "reason", str(exc))
-            return ModeCheck(False, f"fentry on {function} refused: {reason}")
+            return getattr(exc, "reason", str(exc))
+    return None
+
+
+@lru_cache(maxsize=None)
+def fentry_check(function: str) -> ModeCheck:
+    why = _try_load("probe_fentry", function)
+    if why:
+        return ModeCheck(False, f"fentry on {function} refused: {why}")
     return ModeCheck(True, f"fentry on {function} loads")
 
 
@@ -128,30 +151,30 @@ def kprobe_check(function: str) -> ModeCheck:
     return ModeCheck(True, f"{function} via {iface}")
 
 
-def tracepoint_exists(syscall: str) -> bool:
-    return os.path.isdir(os.path.join(TRACEFS, "events", "syscalls", f"sys_enter_{syscall}"))
+@lru_cache(maxsize=1)
+def _tp_btf_check() -> ModeCheck:
+    why = _try_load("probe_tp_btf")
+    if why:
+        return ModeCheck(False, f"tp_btf on raw syscall tracepoints refused: {why}")
+    return ModeCheck(True, "tp_btf sys_enter/sys_exit")
 
 
-def tracepoint_check(group: HookGroup) -> tuple[ModeCheck, tuple[str, ...]]:
-    if not ensure_tracefs():
-        return ModeCheck(False, f"tracefs is not mounted at {TRACEFS} and could not be"), ()
-    present = [s for s in group.syscalls if tracepoint_exists(s)]
-    missing = tuple(s for s in group.syscalls if s not in present)
-    if not present:
-        return ModeCheck(False, "no syscall tracepoints (kernel without CONFIG_FTRACE_SYSCALLS)"), missing
-    # A syscall this architecture lacks cannot be called, so skipping it loses nothing.
-    return ModeCheck(True, "syscalls " + ",".join(present)), missing
+def tracepoint_check(group: HookGroup) -> ModeCheck:
+    res = _tp_btf_check()
+    if not res.ok:
+        return res
+    return ModeCheck(True, f"{res.reason}: {', '.join(group.syscalls)}")
 
 
-def _check(group: HookGroup, mode: str) -> tuple[ModeCheck, tuple[str, ...]]:
+def _check(group: HookGroup, mode: str) -> ModeCheck:
     if mode == "tracepoint":
         return tracepoint_check(group)
     checker = fentry_check if mode == "fentry" else kprobe_check
     for fn in group.functions:
         res = checker(fn)
         if not res.ok:
-            return res, ()
-    return ModeCheck(True, ", ".join(group.functions)), ()
+            return res
+    return ModeCheck(True, ", ".join(group.functions))
 
 
 def plan(groups=IO_GROUPS, forced: str = "auto",
@@ -167,11 +190,10 @@ def plan(groups=IO_GROUPS, forced: str = "auto",
             if mode in demoted.get(group.name, ()):
                 gp.checks[mode] = ModeCheck(False, "failed to load or attach (see log)")
                 continue
-            res, missing = _check(group, mode)
+            res = _check(group, mode)
             gp.checks[mode] = res
             if res.ok and gp.mode is None:
                 gp.mode = mode
-                gp.missing_tracepoints = missing
                 if forced == "auto":
                     break
         out.append(gp)

@@ -47,11 +47,13 @@ class IoSample:
         for i in range(len(HISTS)):
             self.lat_sum_ns[i] += v[o + i]
         o += len(HISTS)
-        for h in range(len(HISTS)):
+        for h, op in enumerate(HISTS):
             row = self.hist[h]
             base = o + h * HIST_SLOTS
             for s in range(HIST_SLOTS):
                 row[s] += v[base + s]
+            # the kernel counts these calls only in their histogram
+            self.calls[OPS.index(op)] += sum(v[base:base + HIST_SLOTS])
 
 
 def decode_value(raw: bytes) -> array.array:

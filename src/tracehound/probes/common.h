@@ -41,7 +41,7 @@ struct io_key {
 
 struct io_stats {
 	__u64 bytes[2];          /* OP_READ, OP_WRITE: bytes actually transferred */
-	__u64 calls[OP_MAX];
+	__u64 calls[OP_MAX];     /* unused for read, write, fsync: see hist */
 	__u64 errors[OP_MAX];
 	__u64 lat_sum_ns[HIST_MAX];
 	__u64 hist[HIST_MAX][HIST_SLOTS];

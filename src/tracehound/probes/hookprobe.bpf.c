@@ -11,3 +11,10 @@ int probe_fentry(void *ctx)
 {
 	return 0;
 }
+
+/* BTF-typed raw tracepoint: what the syscall (tracepoint) mode is built on. */
+SEC("tp_btf/sys_enter")
+int probe_tp_btf(void *ctx)
+{
+	return 0;
+}

@@ -10,6 +10,7 @@
  */
 #include "types.h"
 #include <linux/bpf.h>
+#include <asm/unistd.h>
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 #include <bpf/bpf_core_read.h>
@@ -25,6 +26,7 @@ char LICENSE[] SEC("license") = "GPL";
 
 struct io_config {
 	__u32 agent_mnt_ns;   /* inode of the agent's mount namespace */
+	__u32 tp_ops;         /* bit per enum io_op counted by the syscall hooks */
 };
 
 struct {
@@ -65,14 +67,15 @@ struct {
 	__type(value, __u8);
 } skip_fstypes SEC(".maps");
 
-/* Verdict cache keyed by struct file_system_type address, so the hot path
- * does one hash lookup instead of a string copy. */
+/* vfsmount address -> mount id, or -1 for a skipped file system. Saves the
+ * pointer walk and the type-name check on every call; userspace clears it
+ * whenever the mount table changes, before an address can be reused. */
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 256);
+	__uint(max_entries, 4096);
 	__type(key, __u64);
-	__type(value, __u8);
-} fstype_verdict SEC(".maps");
+	__type(value, __s32);
+} mnt_cache SEC(".maps");
 
 /* Mount points of the agent's mount namespace, for absolute paths seen at
  * syscall entry (unlink, mkdir, ... before any file exists). */
@@ -125,45 +128,47 @@ static __always_inline __u32 log2_slot(__u64 v)
 	return r < HIST_SLOTS ? r : HIST_SLOTS - 1;
 }
 
-/* true when the mount's file system type is on the skip list */
+/* true when the super block's file system type is on the skip list */
 static __always_inline bool skip_sb(struct super_block *sb)
 {
-	struct file_system_type *type = BPF_CORE_READ(sb, s_type);
-	__u64 key = (__u64)type;
-	__u8 *cached = bpf_map_lookup_elem(&fstype_verdict, &key);
 	struct fstype_name name = {};
-	__u8 verdict;
 
-	if (cached)
-		return *cached;
-	bpf_probe_read_kernel_str(name.name, sizeof(name.name), BPF_CORE_READ(type, name));
-	verdict = bpf_map_lookup_elem(&skip_fstypes, &name) ? 1 : 0;
-	bpf_map_update_elem(&fstype_verdict, &key, &verdict, BPF_ANY);
-	return verdict;
+	bpf_probe_read_kernel_str(name.name, sizeof(name.name), BPF_CORE_READ(sb, s_type, name));
+	return bpf_map_lookup_elem(&skip_fstypes, &name) != 0;
 }
 
 /* Mount id of a vfsmount, or -1 when its file system is skipped. */
 static __always_inline int mount_id(struct vfsmount *vfsmnt)
 {
+	__u64 key = (__u64)vfsmnt;
+	__s32 *cached, id;
 	struct mount *mnt;
 
-	if (!vfsmnt || skip_sb(BPF_CORE_READ(vfsmnt, mnt_sb)))
+	if (!vfsmnt)
 		return -1;
-	mnt = (void *)vfsmnt - bpf_core_field_offset(struct mount, mnt);
-	return BPF_CORE_READ(mnt, mnt_id);
+	cached = bpf_map_lookup_elem(&mnt_cache, &key);
+	if (cached)
+		return *cached;
+	if (skip_sb(BPF_CORE_READ(vfsmnt, mnt_sb))) {
+		id = -1;
+	} else {
+		mnt = (void *)vfsmnt - bpf_core_field_offset(struct mount, mnt);
+		id = BPF_CORE_READ(mnt, mnt_id);
+	}
+	bpf_map_update_elem(&mnt_cache, &key, &id, BPF_ANY);
+	return id;
 }
 
 static __always_inline struct file *fd_file(long fd)
 {
-	struct task_struct *task = (void *)bpf_get_current_task();
-	struct fdtable *fdt = BPF_CORE_READ(task, files, fdt);
-	struct file **fds = BPF_CORE_READ(fdt, fd);
-	unsigned int max = BPF_CORE_READ(fdt, max_fds);
+	/* BTF-typed task: plain loads instead of a helper call per pointer */
+	struct task_struct *task = bpf_get_current_task_btf();
+	struct fdtable *fdt = task->files->fdt;
 	struct file *f = 0;
 
-	if (fd < 0 || fd >= max)
+	if (fd < 0 || fd >= fdt->max_fds)
 		return 0;
-	bpf_probe_read_kernel(&f, sizeof(f), &fds[fd]);
+	bpf_probe_read_kernel(&f, sizeof(f), &fdt->fd[fd]);
 	return f;
 }
 
@@ -245,14 +250,17 @@ static __always_inline void account(__u32 mnt, __u32 flags, __u32 op, long ret, 
 	}
 	if (op >= OP_MAX)
 		return;
-	__sync_fetch_and_add(&s->calls[op], 1);
 	if (is_err(ret))
 		__sync_fetch_and_add(&s->errors[op], 1);
 	else if (op <= OP_WRITE)
 		__sync_fetch_and_add(&s->bytes[op], ret);
+	/* For histogrammed ops the call count is the histogram's total, summed
+	 * at scrape time: one atomic less on the hottest path. */
 	if (hist >= 0 && hist < HIST_MAX) {
 		__sync_fetch_and_add(&s->lat_sum_ns[hist], delta);
 		__sync_fetch_and_add(&s->hist[hist][log2_slot(delta)], 1);
+	} else {
+		__sync_fetch_and_add(&s->calls[op], 1);
 	}
 }
 
@@ -289,109 +297,164 @@ static __always_inline int finish(long ret)
 	return 0;
 }
 
-/* ---- syscall tracepoints ------------------------------------------------ */
+/* ---- syscall tracepoints ------------------------------------------------
+ * Two BTF-typed raw tracepoints (sys_enter, sys_exit) cover every syscall:
+ * cheaper than one classic tracepoint per syscall, which builds a trace
+ * record before calling the program. Enter only timestamps the calls that
+ * have latency histograms; everything else is decided at exit, where the
+ * saved user registers still hold the arguments. */
 
-struct sys_enter_ctx {
-	__u64 common;
-	int nr;
-	__u32 pad;
-	__u64 args[6];
+struct tp_start {
+	__u64 ts;
+	long id;
 };
 
-struct sys_exit_ctx {
-	__u64 common;
-	int nr;
-	__u32 pad;
-	long ret;
-};
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct tp_start);
+} tp_start SEC(".maps");
 
-#define TP_EXIT(sc)							\
-SEC("tracepoint/syscalls/sys_exit_" #sc)				\
-int tp_exit_##sc(struct sys_exit_ctx *ctx) { return finish(ctx->ret); }
+/* Kernel names of the saved user registers (CO-RE flavour of pt_regs). */
+struct pt_regs___th {
+	unsigned long di, si, dx, r10, orig_ax;
+} PRESERVE;
 
-#define TP_FD(sc, op)							\
-SEC("tracepoint/syscalls/sys_enter_" #sc)				\
-int tp_enter_##sc(struct sys_enter_ctx *ctx)				\
-{ save_start(op, fd_mount(ctx->args[0]), 0, 0); return 0; }		\
-TP_EXIT(sc)
+#define NR(x) __NR_##x
 
-/* path syscalls: DFD is the index of the dirfd argument or -1 */
-#define TP_PATH(sc, op, dfd, parg)					\
-SEC("tracepoint/syscalls/sys_enter_" #sc)				\
-int tp_enter_##sc(struct sys_enter_ctx *ctx)				\
-{									\
-	long dirfd = (dfd) < 0 ? AT_FDCWD : (long)ctx->args[(dfd) < 0 ? 0 : (dfd)]; \
-	save_start(op, path_mount(dirfd, (const char *)ctx->args[parg]), 0, 0); \
-	return 0;							\
-}									\
-TP_EXIT(sc)
-
-TP_FD(read, OP_READ)
-TP_FD(pread64, OP_READ)
-TP_FD(readv, OP_READ)
-TP_FD(preadv, OP_READ)
-TP_FD(preadv2, OP_READ)
-TP_FD(write, OP_WRITE)
-TP_FD(pwrite64, OP_WRITE)
-TP_FD(writev, OP_WRITE)
-TP_FD(pwritev, OP_WRITE)
-TP_FD(pwritev2, OP_WRITE)
-TP_FD(fsync, OP_FSYNC)
-TP_FD(fdatasync, OP_FSYNC)
-TP_PATH(unlink, OP_UNLINK, -1, 0)
-TP_PATH(mkdir, OP_MKDIR, -1, 0)
-TP_PATH(mkdirat, OP_MKDIR, 0, 1)
-TP_PATH(rmdir, OP_RMDIR, -1, 0)
-TP_PATH(rename, OP_RENAME, -1, 0)
-TP_PATH(renameat, OP_RENAME, 0, 1)
-TP_PATH(renameat2, OP_RENAME, 0, 1)
-
-SEC("tracepoint/syscalls/sys_enter_unlinkat")
-int tp_enter_unlinkat(struct sys_enter_ctx *ctx)
+static __always_inline int syscall_op(long id)
 {
-	__u32 op = ctx->args[2] & AT_REMOVEDIR ? OP_RMDIR : OP_UNLINK;
+	switch (id) {
+	case NR(read): case NR(pread64): case NR(readv): case NR(preadv): case NR(preadv2):
+		return OP_READ;
+	case NR(write): case NR(pwrite64): case NR(writev): case NR(pwritev): case NR(pwritev2):
+		return OP_WRITE;
+	case NR(fsync): case NR(fdatasync):
+		return OP_FSYNC;
+	case NR(openat): case NR(openat2):
+#ifdef __NR_open
+	case NR(open): case NR(creat):
+#endif
+		return OP_OPEN;
+	case NR(unlinkat):
+#ifdef __NR_unlink
+	case NR(unlink):
+#endif
+		return OP_UNLINK;
+#ifdef __NR_rmdir
+	case NR(rmdir):
+		return OP_RMDIR;
+#endif
+	case NR(mkdirat):
+#ifdef __NR_mkdir
+	case NR(mkdir):
+#endif
+		return OP_MKDIR;
+	case NR(renameat): case NR(renameat2):
+#ifdef __NR_rename
+	case NR(rename):
+#endif
+		return OP_RENAME;
+	}
+	return -1;
+}
 
-	save_start(op, path_mount(ctx->args[0], (const char *)ctx->args[1]), 0, 0);
+static __always_inline bool tp_enabled(int op)
+{
+	__u32 zero = 0;
+	struct io_config *cfg;
+
+	if (op < 0)
+		return false;
+	cfg = bpf_map_lookup_elem(&io_config, &zero);
+	return cfg && (cfg->tp_ops & (1u << op));
+}
+
+SEC("tp_btf/sys_enter")
+int BPF_PROG(tp_sys_enter, struct pt_regs *regs, long id)
+{
+	int op = syscall_op(id);
+	struct tp_start *s;
+
+	if (op != OP_READ && op != OP_WRITE && op != OP_FSYNC)
+		return 0;
+	if (!tp_enabled(op))
+		return 0;
+	s = bpf_task_storage_get(&tp_start, bpf_get_current_task_btf(), 0,
+				 BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (s) {
+		s->ts = bpf_ktime_get_ns();
+		s->id = id;
+	}
 	return 0;
 }
-TP_EXIT(unlinkat)
 
-static __always_inline int open_enter(long dirfd, const char *path, __u64 flags)
+/* open-type calls: the opened file's mount when it succeeded, otherwise the
+ * mount the path points into */
+static __always_inline void tp_open_exit(long id, struct pt_regs___th *r, long ret)
 {
-	save_start(OP_OPEN, path_mount(dirfd, path), 0, (flags & O_CREAT) != 0);
+	long dirfd = r->di;
+	const char *path = (const char *)r->si;
+	__u64 flags = r->dx;
+	int mnt;
+
+#ifdef __NR_open
+	if (id == NR(open) || id == NR(creat)) {
+		dirfd = AT_FDCWD;
+		path = (const char *)r->di;
+		flags = id == NR(creat) ? O_CREAT : r->si;
+	}
+#endif
+	if (id == NR(openat2)) {
+		flags = 0;  /* struct open_how starts with __u64 flags */
+		bpf_probe_read_user(&flags, sizeof(flags), (void *)r->dx);
+	}
+	mnt = ret >= 0 ? fd_mount(ret) : path_mount(dirfd, path);
+	if (mnt < 0)
+		return;
+	account(mnt, 0, OP_OPEN, ret, 0);
+	if (flags & O_CREAT)
+		account(mnt, 0, OP_CREATE, ret, 0);
+}
+
+SEC("tp_btf/sys_exit")
+int BPF_PROG(tp_sys_exit, struct pt_regs *regs, long ret)
+{
+	struct pt_regs___th *r = (void *)regs;
+	long id = r->orig_ax;
+	int op = syscall_op(id), mnt;
+	struct tp_start *s;
+	__u64 delta = 0;
+
+	if (!tp_enabled(op))
+		return 0;
+	switch (op) {
+	case OP_READ: case OP_WRITE: case OP_FSYNC:
+		s = bpf_task_storage_get(&tp_start, bpf_get_current_task_btf(), 0, 0);
+		/* no start: the call began before the probe was attached */
+		if (!s || s->id != id || !s->ts)
+			return 0;
+		delta = bpf_ktime_get_ns() - s->ts;
+		s->ts = 0;
+		mnt = fd_mount(r->di);
+		break;
+	case OP_OPEN:
+		tp_open_exit(id, r, ret);
+		return 0;
+	default:
+		if (id == NR(mkdirat) || id == NR(unlinkat) || id == NR(renameat) ||
+		    id == NR(renameat2)) {
+			if (id == NR(unlinkat) && (r->dx & AT_REMOVEDIR))
+				op = OP_RMDIR;
+			mnt = path_mount(r->di, (const char *)r->si);
+		} else {
+			mnt = path_mount(AT_FDCWD, (const char *)r->di);
+		}
+	}
+	if (mnt >= 0)
+		account(mnt, 0, op, ret, delta);
 	return 0;
 }
-
-SEC("tracepoint/syscalls/sys_enter_open")
-int tp_enter_open(struct sys_enter_ctx *ctx)
-{
-	return open_enter(AT_FDCWD, (const char *)ctx->args[0], ctx->args[1]);
-}
-TP_EXIT(open)
-
-SEC("tracepoint/syscalls/sys_enter_creat")
-int tp_enter_creat(struct sys_enter_ctx *ctx)
-{
-	return open_enter(AT_FDCWD, (const char *)ctx->args[0], O_CREAT);
-}
-TP_EXIT(creat)
-
-SEC("tracepoint/syscalls/sys_enter_openat")
-int tp_enter_openat(struct sys_enter_ctx *ctx)
-{
-	return open_enter(ctx->args[0], (const char *)ctx->args[1], ctx->args[2]);
-}
-TP_EXIT(openat)
-
-SEC("tracepoint/syscalls/sys_enter_openat2")
-int tp_enter_openat2(struct sys_enter_ctx *ctx)
-{
-	__u64 flags = 0;
-
-	/* struct open_how starts with __u64 flags */
-	bpf_probe_read_user(&flags, sizeof(flags), (void *)ctx->args[2]);
-	return open_enter(ctx->args[0], (const char *)ctx->args[1], flags);
-}
-TP_EXIT(openat2)
 
 #include "io_vfs.bpf.h"

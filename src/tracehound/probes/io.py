@@ -78,11 +78,7 @@ class IoProbe:
         try:
             wanted = set()
             for p in self.plans:
-                progs = p.group.programs(p.mode)
-                if p.mode == "tracepoint":
-                    skip = {f"tp_{d}_{s}" for s in p.missing_tracepoints for d in ("enter", "exit")}
-                    progs = [x for x in progs if x not in skip]
-                wanted.update(progs)
+                wanted.update(p.group.programs(p.mode))
             for name, prog in obj.programs.items():
                 prog.autoload = name in wanted
             obj.map("io_stats").set_max_entries(self.config.max_entries)
@@ -138,8 +134,9 @@ class IoProbe:
         for name in self.config.skip_fstypes:
             raw = name.encode()[:FSTYPE_LEN - 1]
             skip.update(raw.ljust(FSTYPE_LEN, b"\0"), b"\1")
-        self.obj.map("io_config").update(struct.pack("I", 0),
-                                         struct.pack("I", self.mounts.mount_namespace_inode()))
+        tp_ops = sum(p.group.op_mask for p in self.plans if p.mode == "tracepoint")
+        self.obj.map("io_config").update(
+            struct.pack("I", 0), struct.pack("II", self.mounts.mount_namespace_inode(), tp_ops))
         self.sync_mounts(force=True)
 
     def sync_mounts(self, force: bool = False) -> None:
@@ -149,6 +146,10 @@ class IoProbe:
                 self._sync_lpm()
 
     def _sync_lpm(self) -> None:
+        # Unmounted vfsmount addresses may be reused: forget cached ids.
+        cache = self.obj.map("mnt_cache")
+        for key in list(cache.keys()):
+            cache.delete(key)
         lpm = self.obj.map("mounts_by_path")
         skip = set(self.config.skip_fstypes)
         wanted: dict[bytes, bytes] = {}
