@@ -126,7 +126,7 @@ class IoCollector:
                 for k, bound in BUCKET_BOUNDS:
                     # slot k-1 holds [2^(k-1), 2^k) ns, so it is <= 2^k ns
                     cum += row[k - 1]
-                    buckets.append((f"{bound:.9g}", cum))
+                    buckets.append((repr(bound), cum))
                 buckets.append(("+Inf", sum(row)))
                 hists[h].add_metric(lv, buckets, s.lat_sum_ns[i] / 1e9)
         yield read_b

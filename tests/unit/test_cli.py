@@ -1,0 +1,72 @@
+"""Bad input and missing prerequisites: one clear line, non-zero exit, no traceback."""
+import os
+import socket
+import subprocess
+
+import pytest
+
+from tests.conftest import tracehound_cmd
+
+
+def th(*args, env=None, user=None):
+    e = dict(os.environ, **(env or {}))
+    cmd = tracehound_cmd() + list(args)
+    if user is not None:
+        cmd = ["setpriv", f"--reuid={user}", f"--regid={user}", "--clear-groups"] + cmd
+    return subprocess.run(cmd, capture_output=True, text=True, env=e, timeout=60)
+
+
+def one_line_error(res, *needles):
+    assert res.returncode != 0
+    assert "Traceback" not in res.stderr + res.stdout
+    lines = [x for x in res.stderr.splitlines() if x.strip()]
+    assert len(lines) == 1, res.stderr
+    for n in needles:
+        assert n in lines[0], lines[0]
+
+
+def test_help_lists_subcommands():
+    res = th("--help")
+    assert res.returncode == 0
+    assert "run" in res.stdout and "doctor" in res.stdout
+    sub = th("run", "--help")
+    assert "--listen" in sub.stdout and "--hook-mode" in sub.stdout
+
+
+def test_bad_listen_address():
+    one_line_error(th("run", "--listen", "localhost"), "--listen", "HOST:PORT")
+
+
+def test_bad_hook_mode_is_rejected_by_parser():
+    res = th("run", "--hook-mode", "magic")
+    assert res.returncode == 2 and "invalid choice" in res.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to drop to an unprivileged user")
+def test_not_root():
+    one_line_error(th("run", user=65534), "root", "sudo")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the root check runs first; needs root to reach this one")
+def test_missing_libbpf():
+    one_line_error(th("run", env={"TRACEHOUND_LIBBPF": "libbpf-missing.so.9"}),
+                   "libbpf-missing.so.9 not found", "apt-get install libbpf1")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the root check runs first; needs root to reach this one")
+def test_kernel_without_btf():
+    one_line_error(th("run", env={"TRACEHOUND_BTF": "/nonexistent/vmlinux"}),
+                   "no BTF", "CONFIG_DEBUG_INFO_BTF")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="the root check runs first; needs root to reach this one")
+def test_port_in_use():
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    s.listen()
+    port = s.getsockname()[1]
+    try:
+        one_line_error(th("run", "--listen", f"127.0.0.1:{port}"), "address already in use",
+                       "--listen")
+    finally:
+        s.close()

@@ -1,0 +1,26 @@
+"""The compiled probe object and the hook tables must agree."""
+from tracehound.bpf import features
+from tracehound.bpf.loader import BpfObject
+from tracehound.probes import object_path
+
+
+def test_every_planned_program_exists_and_nothing_is_orphaned():
+    # Opening an object parses it; no privileges or kernel support needed.
+    with BpfObject(object_path("io")) as obj:
+        names = set(obj.programs)
+    planned = set()
+    for group in features.IO_GROUPS:
+        for mode in features.MODES:
+            progs = group.programs(mode)
+            assert progs, (group.name, mode)
+            planned.update(progs)
+    assert planned - names == set(), "planned but not in io.bpf.o"
+    assert names - planned == set(), "in io.bpf.o but never loaded"
+
+
+def test_op_masks_partition_the_operations():
+    masks = [g.op_mask for g in features.IO_GROUPS]
+    assert sum(masks) == (1 << len(features.OPS)) - 1
+    for i, a in enumerate(masks):
+        for b in masks[i + 1:]:
+            assert a & b == 0
