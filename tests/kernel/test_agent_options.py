@@ -1,0 +1,42 @@
+"""Agent options that change what the kernel counts: skip list and map size."""
+import os
+
+import pytest
+
+from tests.kernel.conftest import run_in_cgroup, series, start_agent, stop_agent
+
+
+@pytest.fixture
+def agent_all_fstypes(hook_mode):
+    a = start_agent(hook_mode, "--count-all-fstypes")
+    yield a
+    stop_agent(a)
+
+
+def test_pseudo_fs_skipped_by_default_and_counted_on_request(agent, agent_all_fstypes,
+                                                             cgroup_root, cgroup):
+    res = run_in_cgroup(cgroup_root, cgroup, [["read", "/proc/self/status", 4096]])
+    assert res[0] > 0
+    lb = {"cgroup": cgroup, "fstype": "proc"}
+    assert series(agent.scrape(), "tracehound_io_read_bytes_total", **lb) == 0
+    assert series(agent_all_fstypes.scrape(), "tracehound_io_read_bytes_total", **lb) == res[0]
+
+
+def test_full_map_is_counted_not_silent(hook_mode, cgroup_root, tmpfs):
+    a = start_agent(hook_mode, "--max-entries", "1")
+    made = []
+    try:
+        for i in range(3):
+            rel = f"/thtest/full-{os.getpid()}-{i}"
+            os.makedirs(cgroup_root + rel)
+            made.append(cgroup_root + rel)
+            run_in_cgroup(cgroup_root, rel, [["write", os.path.join(tmpfs, f"full{i}"), 10, 10]])
+        m = a.scrape()
+        assert series(m, "tracehound_map_full_drops_total", map="io_stats") > 0
+        counted = [c for c in range(3) if series(m, "tracehound_io_write_bytes_total",
+                                                 cgroup=f"/thtest/full-{os.getpid()}-{c}") > 0]
+        assert len(counted) <= 1
+    finally:
+        stop_agent(a)
+        for d in made:
+            os.rmdir(d)
