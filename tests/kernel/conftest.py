@@ -134,9 +134,11 @@ def tmpfs():
 
 
 @pytest.fixture
-def ext4_dir():
-    """A directory on the root file system (ext4 on this machine)."""
-    d = tempfile.mkdtemp(prefix="thtest-root-", dir="/var/tmp")
+def disk_dir():
+    """A directory on a disk-backed file system: the root ext4 on a host; in
+    the VM tier (read-only 9p root) a writable shared directory it names."""
+    base = os.environ.get("TRACEHOUND_TEST_DISK_DIR", "/var/tmp")
+    d = tempfile.mkdtemp(prefix="thtest-disk-", dir=base)
     yield d
     subprocess.run(["rm", "-rf", d], check=False)
 
@@ -163,5 +165,13 @@ def series(metrics: dict, name: str, **labels) -> float:
 
 
 def mount_of(path: str) -> str:
-    return subprocess.run(["findmnt", "-n", "-o", "TARGET", "--target", path],
+    return findmnt(path, "TARGET")
+
+
+def fstype_of(path: str) -> str:
+    return findmnt(path, "FSTYPE")
+
+
+def findmnt(path: str, column: str) -> str:
+    return subprocess.run(["findmnt", "-n", "-o", column, "--target", path],
                           capture_output=True, text=True, check=True).stdout.strip()
