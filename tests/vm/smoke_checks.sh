@@ -20,7 +20,7 @@ check() {
 
 kernel_is_61() { uname -r; case $(uname -r) in 6.1.0*) ;; *) return 1 ;; esac; }
 mounted() { awk -v t="$1" '$3 == t { print; f = 1 } END { exit !f }' /proc/mounts; }
-same_python() { test "$(python3 -c 'import sys; print(sys.executable)')" = "$HOST_PYTHON"; }
+same_python() { test "$("$HOST_PYTHON" -c 'import sys; print(sys.executable)')" = "$HOST_PYTHON"; }
 
 # bpftrace's kfunc probes are fentry programs. -c runs cat only once the
 # probes are attached, so a non-zero count proves attach *and* fire. The path
