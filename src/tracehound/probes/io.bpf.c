@@ -2,11 +2,13 @@
 /* tracehound I/O probe: VFS activity per (cgroup v2, mount), counted in kernel.
  *
  * Three hook sets feed the same maps; the loader enables exactly one set per
- * operation group (read, write, fsync, open, unlink, mkdir, rmdir, rename):
- *   fe_ and fx_ programs: fentry/fexit on vfs_ functions
- *   kp_ and kr_ programs: kprobe/kretprobe on the same functions
- *   tp_ programs:         syscall tracepoints
- * Userspace never sees individual events; it reads io_stats at scrape time.
+ * operation group (read, write, fsync, open, remove, mkdir, rename):
+ *   fe_ and fx_ programs: fentry/fexit on vfs_ functions    (io_vfs.bpf.h)
+ *   kp_ and kr_ programs: kprobe/kretprobe on the same ones  (io_vfs.bpf.h)
+ *   tp_ programs:         raw syscall tracepoints            (io_syscalls.bpf.h)
+ * This file holds the maps and what every mode shares: mount and cgroup
+ * attribution and the accounting itself. Userspace never sees individual
+ * events; it reads io_stats at scrape time.
  */
 #include "types.h"
 #include <linux/bpf.h>
@@ -43,12 +45,13 @@ struct {
 	__type(value, struct io_stats);
 } io_stats SEC(".maps");
 
+/* A VFS call in flight on a thread (fentry/kprobe modes). */
 struct start {
 	__u64 ts;
 	__u32 mnt;
 	__u32 flags;   /* IO_KEY_* */
 	__u32 op;
-	__u32 create;  /* open that asked for O_CREAT */
+	__u32 pad;
 	__u64 file;    /* vfs_open: the struct file being opened */
 };
 
@@ -213,25 +216,6 @@ static __always_inline int path_mount(long dirfd, const char *upath)
 	return fd_mount(dirfd);
 }
 
-static __always_inline void save_start_file(__u32 op, long mnt, __u32 flags, __u32 create,
-					    void *file)
-{
-	__u32 tid = (__u32)bpf_get_current_pid_tgid();
-	struct start s = {
-		.ts = bpf_ktime_get_ns(), .mnt = mnt, .flags = flags, .op = op, .create = create,
-		.file = (__u64)file,
-	};
-
-	if (mnt < 0)
-		return;
-	if (bpf_map_update_elem(&io_start, &tid, &s, BPF_ANY))
-		health_inc(HEALTH_START_FULL);
-}
-
-static __always_inline void save_start(__u32 op, long mnt, __u32 flags, __u32 create)
-{
-	save_start_file(op, mnt, flags, create, 0);
-}
 
 static __always_inline void account(__u32 mnt, __u32 flags, __u32 op, long ret, __u64 delta)
 {
@@ -264,197 +248,5 @@ static __always_inline void account(__u32 mnt, __u32 flags, __u32 op, long ret, 
 	}
 }
 
-/* Common exit: finish the call started on this thread. An open that returned
- * a descriptor is re-attributed to the mount of the file it opened. */
-static __always_inline int finish(long ret)
-{
-	__u32 tid = (__u32)bpf_get_current_pid_tgid();
-	struct start *s = bpf_map_lookup_elem(&io_start, &tid);
-	__u64 delta;
-	__u32 mnt, flags, op, create;
-	struct file *file;
-	int m;
-
-	if (!s)
-		return 0;
-	delta = bpf_ktime_get_ns() - s->ts;
-	mnt = s->mnt; flags = s->flags; op = s->op; create = s->create;
-	file = (struct file *)s->file;
-	bpf_map_delete_elem(&io_start, &tid);
-	if (file) {
-		/* vfs_open: created means the file did not exist before */
-		create = ret == 0 && (BPF_CORE_READ(file, f_mode) & FMODE_CREATED);
-	} else if (op == OP_OPEN && ret >= 0) {
-		m = fd_mount(ret);
-		if (m < 0)
-			return 0;
-		mnt = m;
-		flags = 0;
-	}
-	account(mnt, flags, op, ret, delta);
-	if (create)
-		account(mnt, flags, OP_CREATE, ret, delta);
-	return 0;
-}
-
-/* ---- syscall tracepoints ------------------------------------------------
- * Two BTF-typed raw tracepoints (sys_enter, sys_exit) cover every syscall:
- * cheaper than one classic tracepoint per syscall, which builds a trace
- * record before calling the program. Enter only timestamps the calls that
- * have latency histograms; everything else is decided at exit, where the
- * saved user registers still hold the arguments. */
-
-struct tp_start {
-	__u64 ts;
-	long id;
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, int);
-	__type(value, struct tp_start);
-} tp_start SEC(".maps");
-
-/* Kernel names of the saved user registers (CO-RE flavour of pt_regs). */
-struct pt_regs___th {
-	unsigned long di, si, dx, r10, orig_ax;
-} PRESERVE;
-
-#define NR(x) __NR_##x
-
-static __always_inline int syscall_op(long id)
-{
-	switch (id) {
-	case NR(read): case NR(pread64): case NR(readv): case NR(preadv): case NR(preadv2):
-		return OP_READ;
-	case NR(write): case NR(pwrite64): case NR(writev): case NR(pwritev): case NR(pwritev2):
-		return OP_WRITE;
-	case NR(fsync): case NR(fdatasync):
-		return OP_FSYNC;
-	case NR(openat): case NR(openat2):
-#ifdef __NR_open
-	case NR(open): case NR(creat):
-#endif
-		return OP_OPEN;
-	case NR(unlinkat):
-#ifdef __NR_unlink
-	case NR(unlink):
-#endif
-		return OP_UNLINK;
-#ifdef __NR_rmdir
-	case NR(rmdir):
-		return OP_RMDIR;
-#endif
-	case NR(mkdirat):
-#ifdef __NR_mkdir
-	case NR(mkdir):
-#endif
-		return OP_MKDIR;
-	case NR(renameat): case NR(renameat2):
-#ifdef __NR_rename
-	case NR(rename):
-#endif
-		return OP_RENAME;
-	}
-	return -1;
-}
-
-static __always_inline bool tp_enabled(int op)
-{
-	__u32 zero = 0;
-	struct io_config *cfg;
-
-	if (op < 0)
-		return false;
-	cfg = bpf_map_lookup_elem(&io_config, &zero);
-	return cfg && (cfg->tp_ops & (1u << op));
-}
-
-SEC("tp_btf/sys_enter")
-int BPF_PROG(tp_sys_enter, struct pt_regs *regs, long id)
-{
-	int op = syscall_op(id);
-	struct tp_start *s;
-
-	if (op != OP_READ && op != OP_WRITE && op != OP_FSYNC)
-		return 0;
-	if (!tp_enabled(op))
-		return 0;
-	s = bpf_task_storage_get(&tp_start, bpf_get_current_task_btf(), 0,
-				 BPF_LOCAL_STORAGE_GET_F_CREATE);
-	if (s) {
-		s->ts = bpf_ktime_get_ns();
-		s->id = id;
-	}
-	return 0;
-}
-
-/* open-type calls: the opened file's mount when it succeeded, otherwise the
- * mount the path points into */
-static __always_inline void tp_open_exit(long id, struct pt_regs___th *r, long ret)
-{
-	long dirfd = r->di;
-	const char *path = (const char *)r->si;
-	__u64 flags = r->dx;
-	int mnt;
-
-#ifdef __NR_open
-	if (id == NR(open) || id == NR(creat)) {
-		dirfd = AT_FDCWD;
-		path = (const char *)r->di;
-		flags = id == NR(creat) ? O_CREAT : r->si;
-	}
-#endif
-	if (id == NR(openat2)) {
-		flags = 0;  /* struct open_how starts with __u64 flags */
-		bpf_probe_read_user(&flags, sizeof(flags), (void *)r->dx);
-	}
-	mnt = ret >= 0 ? fd_mount(ret) : path_mount(dirfd, path);
-	if (mnt < 0)
-		return;
-	account(mnt, 0, OP_OPEN, ret, 0);
-	if (flags & O_CREAT)
-		account(mnt, 0, OP_CREATE, ret, 0);
-}
-
-SEC("tp_btf/sys_exit")
-int BPF_PROG(tp_sys_exit, struct pt_regs *regs, long ret)
-{
-	struct pt_regs___th *r = (void *)regs;
-	long id = r->orig_ax;
-	int op = syscall_op(id), mnt;
-	struct tp_start *s;
-	__u64 delta = 0;
-
-	if (!tp_enabled(op))
-		return 0;
-	switch (op) {
-	case OP_READ: case OP_WRITE: case OP_FSYNC:
-		s = bpf_task_storage_get(&tp_start, bpf_get_current_task_btf(), 0, 0);
-		/* no start: the call began before the probe was attached */
-		if (!s || s->id != id || !s->ts)
-			return 0;
-		delta = bpf_ktime_get_ns() - s->ts;
-		s->ts = 0;
-		mnt = fd_mount(r->di);
-		break;
-	case OP_OPEN:
-		tp_open_exit(id, r, ret);
-		return 0;
-	default:
-		if (id == NR(mkdirat) || id == NR(unlinkat) || id == NR(renameat) ||
-		    id == NR(renameat2)) {
-			if (id == NR(unlinkat) && (r->dx & AT_REMOVEDIR))
-				op = OP_RMDIR;
-			mnt = path_mount(r->di, (const char *)r->si);
-		} else {
-			mnt = path_mount(AT_FDCWD, (const char *)r->di);
-		}
-	}
-	if (mnt >= 0)
-		account(mnt, 0, op, ret, delta);
-	return 0;
-}
-
+#include "io_syscalls.bpf.h"
 #include "io_vfs.bpf.h"

@@ -5,13 +5,49 @@
  * operations (mkdir, unlink, rmdir, rename) only see a dentry: they are keyed
  * by the super block's device number and userspace maps it to a mount. */
 
-#define IS_ERR_RET(r) ((long)(r) < 0 && (long)(r) >= -MAX_ERRNO)
-
 /* int-returning functions may leave the upper half of rax undefined, and
  * vfs_mkdir returns a dentry pointer on newer kernels: accept both shapes. */
 static __always_inline long int_ret(__u64 r)
 {
 	return (r >> 32) == 0 ? (long)(int)r : (long)r;
+}
+
+static __always_inline void save_start(__u32 op, long mnt, __u32 flags, struct file *file)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	struct start s = {
+		.ts = bpf_ktime_get_ns(), .mnt = mnt, .flags = flags, .op = op, .file = (__u64)file,
+	};
+
+	if (mnt < 0)
+		return;
+	if (bpf_map_update_elem(&io_start, &tid, &s, BPF_ANY))
+		health_inc(HEALTH_START_FULL);
+}
+
+/* Finish the call started on this thread. A call that began before the probe
+ * was attached has no start and is not counted. */
+static __always_inline int finish(long ret)
+{
+	__u32 tid = (__u32)bpf_get_current_pid_tgid();
+	struct start *s = bpf_map_lookup_elem(&io_start, &tid);
+	struct file *file;
+	__u32 mnt, flags, op;
+	bool created;
+	__u64 delta;
+
+	if (!s)
+		return 0;
+	delta = bpf_ktime_get_ns() - s->ts;
+	mnt = s->mnt; flags = s->flags; op = s->op;
+	file = (struct file *)s->file;
+	bpf_map_delete_elem(&io_start, &tid);
+	account(mnt, flags, op, ret, delta);
+	/* vfs_open: created means the file did not exist before */
+	created = file && ret == 0 && (BPF_CORE_READ(file, f_mode) & FMODE_CREATED);
+	if (created)
+		account(mnt, flags, OP_CREATE, ret, delta);
+	return 0;
 }
 
 static __always_inline void dentry_start(__u32 op, struct dentry *d)
@@ -30,7 +66,7 @@ static __always_inline void file_start(__u32 op, struct file *f)
 
 static __always_inline void open_start(const struct path *p, struct file *f)
 {
-	save_start_file(OP_OPEN, mount_id(BPF_CORE_READ(p, mnt)), 0, 0, f);
+	save_start(OP_OPEN, mount_id(BPF_CORE_READ(p, mnt)), 0, f);
 }
 
 /* ---- fentry / fexit ----------------------------------------------------- */
