@@ -32,6 +32,8 @@ from pathlib import Path
 
 from overhead_report import CONDITIONS, write_reports
 
+from tracehound.host.mounts import MountTable
+
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 AGENT = [str(REPO / ".venv/bin/tracehound"), "run", "--listen", "127.0.0.1:0"]
@@ -166,10 +168,9 @@ def mount_offset() -> int:
 
 
 def mount_id_of(path: str) -> int:
-    for line in Path("/proc/self/mountinfo").read_text().splitlines():
-        f = line.split()
-        if f[4] == path:
-            return int(f[0])
+    for m in MountTable().mounts:
+        if m.mountpoint == path:
+            return m.mnt_id
     raise RuntimeError(f"{path} is not a mount point")
 
 

@@ -7,7 +7,6 @@ with each other, never with host figures. Run as root after scripts/vm-setup:
     .venv/bin/python bench/vm_modes.py        # writes bench/report/vm-modes.{json,md}
 """
 import json
-import os
 import subprocess
 import sys
 import time

@@ -13,18 +13,15 @@ import uuid
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tracehound.host.mounts import MountTable
+
 from tests.conftest import tracehound_cmd
 
 WORKER = os.path.join(os.path.dirname(__file__), "worker.py")
 
 
 def _cgroup2_root():
-    with open("/proc/self/mountinfo") as f:
-        for line in f:
-            parts = line.split()
-            if parts[parts.index("-", 6) + 1] == "cgroup2":
-                return parts[4]
-    return None
+    return MountTable().cgroup2_root()
 
 
 def pytest_collection_modifyitems(config, items):

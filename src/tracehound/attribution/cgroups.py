@@ -42,6 +42,3 @@ class CgroupResolver:
         if p is None:
             return f"unknown:{cgroup_id}"
         return p
-
-    def id_of(self, rel_path: str) -> int:
-        return os.stat(os.path.join(self.root, rel_path.lstrip("/"))).st_ino

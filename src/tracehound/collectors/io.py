@@ -71,12 +71,9 @@ class IoCollector:
         self.cgroups = cgroups
 
     def mount_labels(self, mnt: int, flags: int) -> tuple[str, str]:
+        # samples() refreshed the table at the start of this scrape
         table = self.mounts.by_dev if flags & KEY_DEV else self.mounts.by_id
         m = table.get(mnt)
-        if m is None and self.mounts.refresh():
-            self.probe.sync_mounts(force=True)
-            table = self.mounts.by_dev if flags & KEY_DEV else self.mounts.by_id
-            m = table.get(mnt)
         if m is None:
             # A mount of another mount namespace (a container): its id is
             # still stable, so the series is too.
