@@ -71,12 +71,6 @@ def test_histogram_counts_equal_requests(agent, cgroup_root, cgroup, tmpfs):
         assert series(m, f"tracehound_io_{op}_latency_seconds_count", **lb) == reqs
         assert series(m, f"tracehound_io_{op}_latency_seconds_bucket", le="+Inf", **lb) == reqs
         assert series(m, f"tracehound_io_{op}_latency_seconds_sum", **lb) > 0
-    if probe_mode(m, "io.fsync") != "tracepoint":
-        # Debian's 6.1 inlines do_fsync -> vfs_fsync -> vfs_fsync_range into
-        # the fdatasync syscall, so no VFS function sees fdatasync (bpftrace
-        # in the VM: fsync hits vfs_fsync_range, fdatasync hits nothing). A
-        # known gap of the VFS modes, kept visible until the hook plan covers it.
-        pytest.xfail("fdatasync never reaches vfs_fsync_range on Debian 6.1 (inlined)")
     assert series(m, "tracehound_io_fsync_requests_total", **lb) == 2  # fsync + fdatasync
     # buckets are cumulative
     buckets = sorted((float(dict(ls)["le"]), v) for (n, ls), v in m.items()

@@ -35,12 +35,16 @@ class HookGroup:
     functions: tuple[str, ...]      # VFS functions for fentry/kprobe
     syscalls: tuple[str, ...]       # the syscalls it covers in tracepoint mode
     ops: tuple[str, ...]
+    # syscalls the VFS modes count through their own trace events, because a
+    # kernel may inline their whole path past the VFS function
+    syscall_events: tuple[str, ...] = ()
 
     def programs(self, mode: str) -> list[str]:
+        events = [f"sc_{p}_{s}" for s in self.syscall_events for p in ("enter", "exit")]
         if mode == "fentry":
-            return [f"{p}_{f}" for f in self.functions for p in ("fe", "fx")]
+            return [f"{p}_{f}" for f in self.functions for p in ("fe", "fx")] + events
         if mode == "kprobe":
-            return [f"{p}_{f}" for f in self.functions for p in ("kp", "kr")]
+            return [f"{p}_{f}" for f in self.functions for p in ("kp", "kr")] + events
         return list(SYSCALL_PROGRAMS)
 
     @property
@@ -53,7 +57,8 @@ IO_GROUPS = (
               ("read", "pread64", "readv", "preadv", "preadv2"), ("read",)),
     HookGroup("write", ("vfs_write", "vfs_writev"),
               ("write", "pwrite64", "writev", "pwritev", "pwritev2"), ("write",)),
-    HookGroup("fsync", ("vfs_fsync_range",), ("fsync", "fdatasync"), ("fsync",)),
+    HookGroup("fsync", ("vfs_fsync_range",), ("fsync", "fdatasync"), ("fsync",),
+              syscall_events=("fdatasync",)),
     HookGroup("open", ("vfs_open",), ("open", "openat", "openat2", "creat"), ("open", "create")),
     # unlinkat(AT_REMOVEDIR) is an rmdir: both must be hooked the same way.
     HookGroup("remove", ("vfs_unlink", "vfs_rmdir"), ("unlink", "unlinkat", "rmdir"),
@@ -159,6 +164,15 @@ def _tp_btf_check() -> ModeCheck:
     return ModeCheck(True, "tp_btf sys_enter/sys_exit")
 
 
+def syscall_event_check(syscall: str) -> ModeCheck:
+    if not ensure_tracefs():
+        return ModeCheck(False, "tracefs is not mounted and could not be mounted")
+    if not os.path.isdir(os.path.join(TRACEFS, "events", "syscalls", f"sys_enter_{syscall}")):
+        return ModeCheck(False, f"no syscalls/sys_enter_{syscall} trace event "
+                                "(kernel built without syscall tracepoints)")
+    return ModeCheck(True, f"syscalls/sys_enter_{syscall}")
+
+
 def tracepoint_check(group: HookGroup) -> ModeCheck:
     res = _tp_btf_check()
     if not res.ok:
@@ -174,7 +188,12 @@ def _check(group: HookGroup, mode: str) -> ModeCheck:
         res = checker(fn)
         if not res.ok:
             return res
-    return ModeCheck(True, ", ".join(group.functions))
+    for name in group.syscall_events:
+        res = syscall_event_check(name)
+        if not res.ok:
+            return res
+    return ModeCheck(True, ", ".join(group.functions + tuple(
+        f"{s} trace events" for s in group.syscall_events)))
 
 
 def plan(groups=IO_GROUPS, forced: str = "auto",

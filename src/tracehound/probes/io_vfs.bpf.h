@@ -61,6 +61,8 @@ static __always_inline void dentry_start(__u32 op, struct dentry *d)
 
 static __always_inline void file_start(__u32 op, struct file *f)
 {
+	if (!f)
+		return;
 	save_start(op, mount_id(BPF_CORE_READ(f, f_path.mnt)), 0, 0);
 }
 
@@ -68,6 +70,24 @@ static __always_inline void open_start(const struct path *p, struct file *f)
 {
 	save_start(OP_OPEN, mount_id(BPF_CORE_READ(p, mnt)), 0, f);
 }
+
+/* ---- fdatasync, for both VFS modes --------------------------------------
+ * A kernel may inline the whole fdatasync path into the syscall (Debian's 6.1
+ * does: the datasync=1 specialisation of do_fsync absorbs vfs_fsync_range),
+ * and then no VFS hook sees the call. The syscall's own trace events fire for
+ * this one syscall only, so they cost nothing elsewhere. Enter opens a start
+ * like the VFS hooks do; where vfs_fsync_range is still called, its hooks
+ * replace and finish that start, and exit finds nothing left to count. */
+
+struct sys_enter_ctx { __u64 common; int nr; unsigned long args[6]; };
+struct sys_exit_ctx { __u64 common; int nr; long ret; };
+
+SEC("tracepoint/syscalls/sys_enter_fdatasync")
+int sc_enter_fdatasync(struct sys_enter_ctx *ctx)
+{ file_start(OP_FSYNC, fd_file(ctx->args[0])); return 0; }
+SEC("tracepoint/syscalls/sys_exit_fdatasync")
+int sc_exit_fdatasync(struct sys_exit_ctx *ctx)
+{ return finish(ctx->ret); }
 
 /* ---- fentry / fexit ----------------------------------------------------- */
 
