@@ -11,6 +11,9 @@ from prometheus_client import CollectorRegistry
 
 from . import preflight
 from .attribution.cgroups import CgroupResolver
+from .attribution.kubelet import pod_source
+from .attribution.resolver import WorkloadResolver
+from .collectors.gpu import open_gpu_collector
 from .collectors.io import IoCollector
 from .errors import SetupError
 from .exporter.server import DEFAULT_LISTEN, Exporter, ProbeInfoCollector
@@ -26,6 +29,9 @@ class AgentConfig:
     hook_mode: str = "auto"
     skip_fstypes: tuple[str, ...] = DEFAULT_SKIP_FSTYPES
     max_entries: int = 8192
+    max_series: int = 10000
+    pod_logs_dir: str = "/var/log/pods"
+    kubelet_url: str | None = None
 
 
 class Agent:
@@ -37,6 +43,8 @@ class Agent:
             raise SetupError("no cgroup v2 hierarchy is mounted: mount one "
                              "(mount -t cgroup2 none /sys/fs/cgroup/unified)")
         self.cgroups = CgroupResolver(root)
+        self.workloads = WorkloadResolver(
+            root, pod_source=pod_source(config.pod_logs_dir, config.kubelet_url))
         self.io = IoProbe(IoProbeConfig(config.hook_mode, config.skip_fstypes,
                                         config.max_entries), self.mounts)
         self.registry = CollectorRegistry(auto_describe=False)
@@ -52,12 +60,31 @@ class Agent:
             self.exporter.stop()
             raise
         self.registry.register(ProbeInfoCollector([self.io]))
-        self.registry.register(IoCollector(self.io, self.mounts, self.cgroups))
+        self.registry.register(IoCollector(self.io, self.mounts, self.cgroups,
+                                           self.config.max_series, self.workloads))
+        # GPU health is optional: no driver or no GPU is reported, not fatal
+        self.gpu, self.gpu_status = open_gpu_collector(workload_labels=self.workload_of_pid)
+        if self.gpu is not None:
+            self.registry.register(self.gpu)
         return self
+
+    def workload_of_pid(self, pid: int) -> dict[str, str]:
+        """cgroup and workload labels of a process (for per-process series)."""
+        path = "unknown"
+        try:
+            with open(f"/proc/{pid}/cgroup") as f:
+                for line in f:
+                    if line.startswith("0::"):
+                        path = line[3:].strip() or "/"
+        except OSError:
+            pass
+        return {"cgroup": path, **self.workloads.resolve(path).as_dict()}
 
     def stop(self) -> None:
         self._stop.set()
         self.exporter.stop()
+        if getattr(self, "gpu", None) is not None:
+            self.gpu.close()
         self.io.close()
 
     def wait(self) -> None:
@@ -76,6 +103,7 @@ def run(config: AgentConfig, out=functools.partial(print, flush=True)) -> int:
     out(f"tracehound: serving metrics on {agent.exporter.url}")
     for probe, mode in agent.io.modes().items():
         out(f"tracehound: probe {probe:<10} mode {mode}")
+    out(f"tracehound: gpu: {agent.gpu_status}")
     try:
         while not agent._stop.wait(1.0):
             pass

@@ -42,6 +42,15 @@ def build_parser() -> argparse.ArgumentParser:
                      help="count every file system, pseudo ones included")
     run.add_argument("--max-entries", type=int, default=8192, metavar="N",
                      help="capacity of the (cgroup, mount) table in the kernel (default 8192)")
+    run.add_argument("--pod-logs-dir", default="/var/log/pods", metavar="DIR",
+                     help="the kubelet's pod log directory, which names pods by uid "
+                          "(default /var/log/pods)")
+    run.add_argument("--kubelet-url", metavar="URL",
+                     help="also ask the kubelet's /pods endpoint for pod and container names, "
+                          "e.g. https://127.0.0.1:10250/pods (off by default)")
+    run.add_argument("--max-series", type=int, default=10000, metavar="N",
+                     help="most label sets per metric family; the rest are summed into one "
+                          "series labelled __overflow__ (default 10000, 0: no limit)")
 
     sub.add_parser("doctor", parents=[hook], help="show which hooks this kernel offers and why",
                    description="Check the host (root, BTF, libbpf, tracefs, cgroup v2) and show, "
@@ -63,8 +72,11 @@ def main(argv: list[str] | None = None) -> int:
             from .agent import AgentConfig, run
             if args.max_entries < 1:
                 raise TracehoundError("--max-entries must be at least 1")
+            if args.max_series < 0:
+                raise TracehoundError("--max-series must be 0 (no limit) or more")
             skip = () if args.count_all_fstypes else args.skip_fstypes
-            return run(AgentConfig(args.listen, args.hook_mode, skip, args.max_entries))
+            return run(AgentConfig(args.listen, args.hook_mode, skip, args.max_entries,
+                                   args.max_series, args.pod_logs_dir, args.kubelet_url))
         if args.command == "doctor":
             from .doctor import doctor
             return doctor(args.hook_mode)

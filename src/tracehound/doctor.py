@@ -5,6 +5,7 @@ import os
 
 from . import preflight
 from .bpf import features
+from .collectors.gpu import gpu_inventory
 from .errors import TracehoundError
 from .host.mounts import MountTable
 from .probes import object_path
@@ -12,6 +13,17 @@ from .probes import object_path
 
 def _line(ok: bool, what: str, detail: str) -> str:
     return f"  [{'ok' if ok else '!!'}] {what:<14} {detail}"
+
+
+def _gpu_section(out, nvml=None) -> None:
+    """GPU health is optional: its absence is reported, never counted as a problem."""
+    found, reason = gpu_inventory(nvml)
+    out("gpu:")
+    if not found:
+        out(f"  [--] {'nvml':<14} {reason} (GPU health metrics off)")
+    for g in found:
+        detail = "not answering (GPU lost)" if g["lost"] else f"{g['model']}  {g['uuid']}"
+        out(_line(not g["lost"], f"gpu {g['index']}", f"{detail}  driver {g['driver_version']}"))
 
 
 def doctor(hook_mode: str = "auto", out=print) -> int:
@@ -27,6 +39,7 @@ def doctor(hook_mode: str = "auto", out=print) -> int:
             problems += 1
     if problems:
         out("fix the problems above first; probes cannot be checked without them")
+        _gpu_section(out)
         return 1
     tracefs = features.ensure_tracefs()
     out(_line(tracefs, "tracefs", features.TRACEFS if tracefs else "not mounted and mount failed"))
@@ -44,4 +57,5 @@ def doctor(hook_mode: str = "auto", out=print) -> int:
         for mode, check in gp.checks.items():
             mark = "ok" if check.ok else "no"
             out(f"      {mode:<10} {mark:<3} {check.reason}")
+    _gpu_section(out)
     return 1 if problems else 0

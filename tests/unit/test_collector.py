@@ -1,6 +1,7 @@
 """Decoding of the io_stats map layout and the histogram export."""
 import struct
 
+from tracehound.attribution.resolver import WorkloadResolver
 from tracehound.collectors import io as col
 from tracehound.host.mounts import MountTable
 
@@ -22,7 +23,13 @@ class FakeMap:
         self._items = items
 
     def items(self):
-        return self._items
+        return list(self._items)
+
+    def lookup(self, key):
+        return next((v for k, v in self._items if k == key), None)
+
+    def delete(self, key):
+        self._items = [(k, v) for k, v in self._items if k != key]
 
     def lookup_percpu_u64(self, key):
         return [1, 2]
@@ -43,18 +50,43 @@ class FakeProbe:
 
 
 class FakeCgroups:
+    def __init__(self):
+        self.paths = {1: "/", 7: "/job/7"}
+        self.dead: set[int] = set()
+        self.forgotten: list[int] = []
+
     def new_scrape(self):
         pass
 
+    def alive(self, cgid):
+        return cgid not in self.dead
+
+    def forget(self, cgid):
+        self.forgotten.append(cgid)
+
     def path(self, cgid):
-        return {1: "/", 7: "/job/7"}.get(cgid, f"unknown:{cgid}")
+        return self.paths.get(cgid, f"unknown:{cgid}")
+
+
+def collector(items, tmp_path, max_series=0):
+    p = tmp_path / "mi"
+    p.write_text(SAMPLE)
+    workloads = WorkloadResolver(job_id_source=None, pod_source=None, v1_lookup=False)
+    return col.IoCollector(FakeProbe(items), MountTable(str(p)), FakeCgroups(), max_series,
+                           workloads)
+
+
+def scrape(c):
+    return {f.name: f for f in c.collect()}
 
 
 def collect(items, tmp_path):
-    p = tmp_path / "mi"
-    p.write_text(SAMPLE)
-    c = col.IoCollector(FakeProbe(items), MountTable(str(p)), FakeCgroups())
-    return {f.name: f for f in c.collect()}
+    return scrape(collector(items, tmp_path))
+
+
+def written(fams, cgroup):
+    return [s.value for s in fams["tracehound_io_write_bytes"].samples
+            if s.labels["cgroup"] == cgroup]
 
 
 def test_keys_for_same_mount_merge_and_dev_keys_resolve(tmp_path):
@@ -68,7 +100,8 @@ def test_keys_for_same_mount_merge_and_dev_keys_resolve(tmp_path):
          value(calls=[0, 0, 0, 0, 0, 3, 0, 0, 0], errors=[0, 0, 0, 0, 0, 1, 0, 0, 0])),
     ]
     fams = collect(items, tmp_path)
-    lbl = {"cgroup": "/job/7", "mountpoint": "/scratch", "fstype": "tmpfs"}
+    lbl = {"cgroup": "/job/7", "mountpoint": "/scratch", "fstype": "tmpfs",
+           **dict.fromkeys(col.WORKLOAD_LABELS, "")}
 
     def val(fam, name=None):
         for s in fams[fam].samples:
@@ -101,3 +134,57 @@ def test_unknown_mount_gets_stable_label(tmp_path):
     fams = collect([(col.KEY.pack(1, 999, 0), value(write_bytes=3))], tmp_path)
     s = fams["tracehound_io_write_bytes"].samples[0]
     assert s.labels["mountpoint"] == "mnt:999" and s.labels["fstype"] == "unknown"
+
+
+def test_removed_cgroup_is_exported_once_more_then_deleted(tmp_path):
+    key = col.KEY.pack(7, 40, 0)
+    c = collector([(key, value(write_bytes=10))], tmp_path)
+    assert written(scrape(c), "/job/7") == [10]
+    stats = c.probe.maps["io_stats"]
+    stats._items = [(key, value(write_bytes=15))]   # the last write before rmdir
+    c.cgroups.dead.add(7)
+    fams = scrape(c)
+    assert written(fams, "/job/7") == [15]           # final value, exported once more
+    assert stats.items() == [] and c.cgroups.forgotten == [7]
+    entries = {s.labels["map"]: s.value for s in fams["tracehound_map_entries"].samples}
+    assert entries == {"io_stats": 0}
+    assert written(scrape(c), "/job/7") == []        # then gone
+
+
+def test_new_cgroup_at_a_reused_path_continues_the_counter(tmp_path):
+    old, new = col.KEY.pack(7, 40, 0), col.KEY.pack(8, 40, 0)
+    c = collector([(old, value(write_bytes=10))], tmp_path)
+    c.cgroups.paths[8] = "/job/7"
+    scrape(c)
+    c.cgroups.dead.add(7)
+    c.probe.maps["io_stats"]._items = [(old, value(write_bytes=10)), (new, value(write_bytes=1))]
+    assert written(scrape(c), "/job/7") == [11]
+    assert written(scrape(c), "/job/7") == [11]      # never back to 1
+
+
+def test_series_cap_folds_the_rest_into_overflow(tmp_path):
+    items = [(col.KEY.pack(cg, 40, 0), value(write_bytes=cg)) for cg in (7, 20, 21)]
+    c = collector(items, tmp_path, max_series=1)
+    c.cgroups.paths.update({20: "/a", 21: "/b"})
+    fams = scrape(c)
+    assert written(fams, "/job/7") == [7]
+    assert written(fams, "__overflow__") == [41]
+    over = fams["tracehound_series_overflow"].samples[0]
+    assert over.labels == {"collector": "io"} and over.value == 2
+    # a folded cgroup goes away: overflow must not shrink
+    c.cgroups.dead.add(20)
+    assert written(scrape(c), "__overflow__") == [41]
+    assert written(scrape(c), "__overflow__") == [41]
+
+
+def test_every_series_carries_the_workload_labels(tmp_path):
+    c = collector([(col.KEY.pack(30, 40, 0), value(write_bytes=4096))], tmp_path)
+    c.cgroups.paths[30] = "/system.slice/slurmstepd.scope/job_42/step_0/user/task_1"
+    fams = scrape(c)
+    s = fams["tracehound_io_write_bytes"].samples[0]
+    assert (s.labels["workload"], s.labels["job_id"], s.labels["step"], s.labels["task"]) \
+        == ("slurm", "42", "0", "1")
+    assert s.value == 4096
+    info = fams["tracehound_workload_info"].samples
+    assert len(info) == 1 and info[0].labels["cgroup"] == c.cgroups.paths[30]
+    assert info[0].labels["job_id"] == "42"

@@ -32,10 +32,13 @@ class Program:
         lb = libbpf.lib()
         self.name: str = lb.bpf_program__name(ptr).decode()
         self.section: str = lb.bpf_program__section_name(ptr).decode()
+        self._target: str | None = None
 
     @property
     def hook(self) -> str:
         """Human name of the attach point, e.g. 'fentry/vfs_read'."""
+        if self._target:
+            return f"{self.section.split('/', 1)[0]}/{self._target}"
         return self.section
 
     @property
@@ -50,6 +53,7 @@ class Program:
         ret = libbpf.lib().bpf_program__set_attach_target(self._ptr, 0, function.encode())
         if ret < 0:
             raise ProbeError(self.name, function, libbpf.strerror(libbpf.errno_of(ret)))
+        self._target = function
 
     @property
     def fd(self) -> int:

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import array
 import struct
-from dataclasses import dataclass, field
 
-from prometheus_client.core import CounterMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
 from ..attribution.cgroups import CgroupResolver
+from ..attribution.resolver import WorkloadResolver
+from ..attribution.workload import WORKLOAD_LABELS
+from ..exporter.series import SeriesBook
 from ..host.mounts import MountTable
 
 OPS = ("read", "write", "open", "create", "unlink", "mkdir", "rmdir", "rename", "fsync")
@@ -23,37 +25,66 @@ KEY_DEV = 1
 # Exported bucket bounds: 2^k ns for k in 10..31 (1 us .. 2.1 s). Kernel
 # slots below 2^10 ns fold into the first bucket; slot 31 only reaches +Inf.
 FIRST_EXPORTED_POW = 10
+# where label sets beyond the series cap are counted
+OVERFLOW = ("__overflow__",) * 3 + ("",) * len(WORKLOAD_LABELS)
+LABELS = ["cgroup", "mountpoint", "fstype", *WORKLOAD_LABELS]
 BUCKET_BOUNDS = [(k, 2 ** k / 1e9) for k in range(FIRST_EXPORTED_POW, HIST_SLOTS)]
 
 
-@dataclass
-class IoSample:
-    """Counters for one (cgroup, mount) label set, summed over map keys."""
-    bytes: list[int] = field(default_factory=lambda: [0, 0])
-    calls: list[int] = field(default_factory=lambda: [0] * len(OPS))
-    errors: list[int] = field(default_factory=lambda: [0] * len(OPS))
-    lat_sum_ns: list[int] = field(default_factory=lambda: [0] * len(HISTS))
-    hist: list[list[int]] = field(default_factory=lambda: [[0] * HIST_SLOTS for _ in HISTS])
+_CALLS, _ERRORS = 2, 2 + len(OPS)
+_LAT = 2 + 2 * len(OPS)
+_HIST = _LAT + len(HISTS)
 
-    def add(self, v: array.array) -> None:
-        o = 0
-        for i in range(2):
-            self.bytes[i] += v[o + i]
-        o += 2
-        for i in range(len(OPS)):
-            self.calls[i] += v[o + i]
-            self.errors[i] += v[o + len(OPS) + i]
-        o += 2 * len(OPS)
-        for i in range(len(HISTS)):
-            self.lat_sum_ns[i] += v[o + i]
-        o += len(HISTS)
+
+class IoSample:
+    """Counters for one (cgroup, mount) label set, summed over map keys.
+
+    One flat array in the kernel's value layout: many of these are alive
+    between scrapes, and a single buffer each keeps the heap from fragmenting."""
+    __slots__ = ("v",)
+
+    def __init__(self):
+        self.v = array.array("Q", bytes(8 * N_FIELDS))
+
+    def add(self, raw: array.array) -> None:
+        v = self.v
+        for i in range(N_FIELDS):
+            v[i] += raw[i]
+
+    def merge(self, other: "IoSample") -> None:
+        self.add(other.v)
+
+    @property
+    def bytes(self) -> array.array:
+        return self.v[0:2]
+
+    @property
+    def calls(self) -> list[int]:
+        calls = list(self.v[_CALLS:_CALLS + len(OPS)])
         for h, op in enumerate(HISTS):
-            row = self.hist[h]
-            base = o + h * HIST_SLOTS
-            for s in range(HIST_SLOTS):
-                row[s] += v[base + s]
             # the kernel counts these calls only in their histogram
-            self.calls[OPS.index(op)] += sum(v[base:base + HIST_SLOTS])
+            calls[OPS.index(op)] += sum(self.hist[h])
+        return calls
+
+    @property
+    def errors(self) -> array.array:
+        return self.v[_ERRORS:_ERRORS + len(OPS)]
+
+    @property
+    def lat_sum_ns(self) -> array.array:
+        return self.v[_LAT:_LAT + len(HISTS)]
+
+    @property
+    def hist(self) -> list[array.array]:
+        return [self.v[_HIST + h * HIST_SLOTS:_HIST + (h + 1) * HIST_SLOTS]
+                for h in range(len(HISTS))]
+
+
+def _sample(out: dict, labels: tuple) -> IoSample:
+    sample = out.get(labels)
+    if sample is None:
+        sample = out[labels] = IoSample()
+    return sample
 
 
 def decode_value(raw: bytes) -> array.array:
@@ -65,10 +96,14 @@ def decode_value(raw: bytes) -> array.array:
 class IoCollector:
     """prometheus_client collector over a loaded IoProbe's maps."""
 
-    def __init__(self, probe, mounts: MountTable, cgroups: CgroupResolver):
+    def __init__(self, probe, mounts: MountTable, cgroups: CgroupResolver, max_series: int = 0,
+                 workloads: WorkloadResolver | None = None):
         self.probe = probe
         self.mounts = mounts
         self.cgroups = cgroups
+        self.workloads = workloads or WorkloadResolver()
+        self.book: SeriesBook[IoSample] = SeriesBook(IoSample, OVERFLOW, max_series)
+        self.entries = 0
 
     def mount_labels(self, mnt: int, flags: int) -> tuple[str, str]:
         # samples() refreshed the table at the start of this scrape
@@ -81,22 +116,43 @@ class IoCollector:
             return f"{kind}:{mnt}", "unknown"
         return m.mountpoint, m.fstype
 
+    def _labels(self, cgid: int, mnt: int, flags: int) -> tuple[str, ...]:
+        path = self.cgroups.path(cgid)
+        return (path, *self.mount_labels(mnt, flags), *self.workloads.labels(path))
+
     def samples(self) -> dict[tuple[str, str, str], IoSample]:
-        """Current counters per (cgroup, mountpoint, fstype)."""
+        """Counters to export now per (cgroup, mountpoint, fstype).
+
+        Entries of removed cgroups are read one last time, deleted from the
+        kernel map and handed to the series book, which exports them once
+        more: no map growth, and every byte is exported."""
         self.probe.sync_mounts()
         self.cgroups.new_scrape()
-        out: dict[tuple[str, str, str], IoSample] = {}
-        for k, v in self.probe.obj.map("io_stats").items():
+        stats = self.probe.obj.map("io_stats")
+        live: dict[tuple[str, str, str], IoSample] = {}
+        dead = []
+        items = stats.items()
+        for k, v in items:
             cgid, mnt, flags = KEY.unpack(k)
-            labels = (self.cgroups.path(cgid), *self.mount_labels(mnt, flags))
-            sample = out.get(labels)
-            if sample is None:
-                sample = out[labels] = IoSample()
-            sample.add(decode_value(v))
-        return out
+            if not self.cgroups.alive(cgid):
+                dead.append((k, cgid, mnt, flags))
+                continue
+            _sample(live, self._labels(cgid, mnt, flags)).add(decode_value(v))
+        retired: dict[tuple[str, str, str], IoSample] = {}
+        for k, cgid, mnt, flags in dead:
+            # dead before this read, so nothing can add to it any more
+            v = stats.lookup(k)
+            if v is not None:
+                _sample(retired, self._labels(cgid, mnt, flags)).add(decode_value(v))
+            stats.delete(k)
+        self.entries = len(items) - len(dead)
+        for cgid in {d[1] for d in dead}:
+            self.workloads.forget(self.cgroups.path(cgid))
+            self.cgroups.forget(cgid)
+        return self.book.scrape(live, retired)
 
     def collect(self):
-        labels = ["cgroup", "mountpoint", "fstype"]
+        labels = LABELS
         samples = self.samples()
 
         def counter(name, doc):
@@ -111,13 +167,14 @@ class IoCollector:
                  for h in HISTS}
         for lv, s in samples.items():
             lv = list(lv)
-            read_b.add_metric(lv, s.bytes[0])
-            write_b.add_metric(lv, s.bytes[1])
+            nbytes, calls, errors, lat, rows = s.bytes, s.calls, s.errors, s.lat_sum_ns, s.hist
+            read_b.add_metric(lv, nbytes[0])
+            write_b.add_metric(lv, nbytes[1])
             for i, op in enumerate(OPS):
-                reqs[op].add_metric(lv, s.calls[i])
-                errs[op].add_metric(lv, s.errors[i])
+                reqs[op].add_metric(lv, calls[i])
+                errs[op].add_metric(lv, errors[i])
             for i, h in enumerate(HISTS):
-                row = s.hist[i]
+                row = rows[i]
                 cum = sum(row[:FIRST_EXPORTED_POW - 1])
                 buckets = []
                 for k, bound in BUCKET_BOUNDS:
@@ -125,14 +182,24 @@ class IoCollector:
                     cum += row[k - 1]
                     buckets.append((repr(bound), cum))
                 buckets.append(("+Inf", sum(row)))
-                hists[h].add_metric(lv, buckets, s.lat_sum_ns[i] / 1e9)
+                hists[h].add_metric(lv, buckets, lat[i] / 1e9)
         yield read_b
         yield write_b
         for op in OPS:
             yield reqs[op]
             yield errs[op]
         yield from hists.values()
+        yield self._workload_info(samples)
         yield from self._health()
+
+    def _workload_info(self, samples) -> GaugeMetricFamily:
+        fam = GaugeMetricFamily(
+            "tracehound_workload_info",
+            "The workload a cgroup belongs to (always 1), for joins on the cgroup label.",
+            labels=["cgroup", *WORKLOAD_LABELS])
+        for lv in {(lv[0], *lv[3:]) for lv in samples if lv != OVERFLOW}:
+            fam.add_metric(list(lv), 1)
+        return fam
 
     def _health(self):
         fam = CounterMetricFamily("tracehound_map_full_drops",
@@ -142,3 +209,19 @@ class IoCollector:
         for idx, name in enumerate(names):
             fam.add_metric([name], sum(m.lookup_percpu_u64(struct.pack("I", idx))))
         yield fam
+        entries = GaugeMetricFamily("tracehound_map_entries",
+                                    "Entries in a BPF map after this scrape's clean-up.",
+                                    labels=["map"])
+        entries.add_metric(["io_stats"], self.entries)
+        yield entries
+        tracked = GaugeMetricFamily("tracehound_series_tracked",
+                                    "Label sets the collector keeps state for.",
+                                    labels=["collector"])
+        tracked.add_metric(["io"], self.book.series)
+        yield tracked
+        overflow = CounterMetricFamily(
+            "tracehound_series_overflow",
+            "Label sets folded into the __overflow__ series because the series cap "
+            "(--max-series) was reached.", labels=["collector"])
+        overflow.add_metric(["io"], self.book.folded_total)
+        yield overflow

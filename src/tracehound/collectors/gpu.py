@@ -1,0 +1,373 @@
+"""GPU health from NVML -> Prometheus metric families, read at scrape time.
+
+Interface for the agent::
+
+    collector, reason = open_gpu_collector(workload_labels=resolve)  # event thread running
+    if collector is None:
+        log.info("GPU health off: %s", reason)       # no driver, no GPU, no pynvml
+    else:
+        registry.register(collector)
+        ...
+        collector.close()                            # joins the event thread, nvmlShutdown
+
+`workload_labels(pid) -> dict[str, str]` names the workload owning a GPU
+process; its keys become extra labels of the per-process families and are
+copied into anomaly events. The default gives {"cgroup": <cgroup v2 path>}.
+It is called from scrapes and from the event thread (to name the processes
+on a GPU that raised an XID), so it must be thread-safe; keys that are not
+valid label names or clash with gpu/uuid/model/pid are dropped.
+
+Every per-GPU family carries gpu (NVML index), uuid and model. A GPU that
+vanishes (NVML_ERROR_GPU_IS_LOST) exports tracehound_gpu_lost = 1 and its
+event counters, nothing read half-way; other GPUs export as usual. A field a
+GPU does not support is left out, not exported as 0.
+"""
+from __future__ import annotations
+
+import logging
+import re
+import threading
+from typing import Callable
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+)
+
+from ..detect.gpu import GpuDetector
+from ..gpu import nvml as nv
+from ..gpu.device import Gpu, GpuSample, enumerate_gpus, read_sample, running_processes
+from ..gpu.events import EventWatcher
+from ..host.topology import Topology
+
+log = logging.getLogger(__name__)
+
+GPU_LABELS = ["gpu", "uuid", "model"]
+UNKNOWN_GPU = {"gpu": "unknown", "uuid": "unknown", "model": "unknown"}
+_LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
+_RESERVED = {"gpu", "uuid", "model", "pid", "__name__"}
+
+WorkloadLabels = Callable[[int], dict]
+
+
+def cgroup_workload_labels(topo: Topology) -> WorkloadLabels:
+    def labels(pid: int) -> dict:
+        return {"cgroup": topo.process_cgroup(pid) or "unknown"}
+    return labels
+
+
+class GpuCollector:
+    """prometheus_client collector over NVML; owns NVML init and the event thread."""
+
+    def __init__(self, nvml, gpus: list[Gpu], lost_at_start: list[Gpu] = (), *,
+                 workload_labels: WorkloadLabels | None = None, topology: Topology | None = None,
+                 detector: GpuDetector | None = None, driver_version: str = "",
+                 event_wait_ms: int = 500):
+        self.nvml = nvml
+        self.topology = topology or Topology()
+        self.workload_labels = workload_labels or cgroup_workload_labels(self.topology)
+        self.detector = detector or GpuDetector()
+        self.driver_version = driver_version
+        self.gpus = sorted([*gpus, *lost_at_start], key=lambda g: g.index)
+        self._lost = {g.index for g in lost_at_start}
+        self._lock = threading.Lock()           # counters shared with the event thread
+        self._scrape_lock = threading.Lock()    # concurrent scrapes would race on detector state
+        self._xids: dict[tuple[int | None, int], int] = {}
+        self._events: dict[tuple[int | None, str], int] = {}
+        self._bad_workload_fn = False
+        self.events = EventWatcher(nvml, gpus, self._on_event, event_wait_ms)
+        self._closed = False
+        for g in self.gpus:
+            self.detector.add_gpu(g.labels)
+
+    # -- event thread ------------------------------------------------------
+
+    def start(self) -> GpuCollector:
+        self.events.start()
+        with self._lock:
+            for index, labels in self.events.registered.items():
+                for label in labels:
+                    if label != "xid":
+                        self._events.setdefault((index, label), 0)
+        return self
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if self.events.stop():
+            # a thread still blocked in NVML would crash on a shut-down library
+            nv.shutdown(self.nvml)
+
+    def _on_event(self, gpu: Gpu | None, label: str, data: int) -> None:
+        index = gpu.index if gpu else None
+        with self._lock:
+            if label == "xid":
+                self._xids[(index, data)] = self._xids.get((index, data), 0) + 1
+            else:
+                self._events[(index, label)] = self._events.get((index, label), 0) + 1
+        if label == "xid":
+            procs = []
+            if gpu is not None and gpu.handle is not None:
+                try:
+                    procs = self._process_records(running_processes(self.nvml, gpu.handle), {})
+                except nv.GpuLost:
+                    pass
+            self.detector.xid(gpu.labels if gpu else UNKNOWN_GPU, data, procs)
+
+    # -- workload attribution ------------------------------------------------
+
+    def _workload(self, pid: int, cache: dict) -> dict[str, str]:
+        if pid in cache:
+            return cache[pid]
+        try:
+            raw = self.workload_labels(pid) or {}
+        except Exception:
+            if not self._bad_workload_fn:
+                self._bad_workload_fn = True
+                log.exception("workload_labels(%d) failed; GPU processes exported without them", pid)
+            raw = {}
+        labels = {str(k): str(v) for k, v in raw.items()
+                  if _LABEL_NAME.match(str(k)) and str(k) not in _RESERVED}
+        cache[pid] = labels
+        return labels
+
+    def _process_records(self, processes, cache: dict) -> list[dict]:
+        return [{"pid": pid, **self._workload(pid, cache)} for pid in sorted(processes)]
+
+    # -- scrape ------------------------------------------------------------
+
+    def collect(self):
+        with self._scrape_lock:
+            families = self._collect()
+        yield from families
+
+    def _read_all(self) -> dict[int, GpuSample]:
+        samples = {}
+        for gpu in self.gpus:
+            try:
+                samples[gpu.index] = read_sample(self.nvml, gpu)
+            except nv.GpuLost:
+                self._lost.add(gpu.index)
+                self.detector.gpu_lost(gpu.labels, True)
+                continue
+            self._lost.discard(gpu.index)
+            self.detector.gpu_lost(gpu.labels, False)
+        return samples
+
+    def _collect(self) -> list:
+        samples = self._read_all()
+        reasons = nv.clock_event_reasons(self.nvml)
+        wl_cache: dict[int, dict] = {}
+        by_index = {g.index: g for g in self.gpus}
+        fams = [*self._identity_families(), *self._event_families()]
+        fams += _sample_families(samples, by_index, reasons)
+        fams += self._process_families(samples, by_index, wl_cache)
+        for index, s in samples.items():
+            gpu = by_index[index]
+            active = {label for label, bit in reasons
+                      if s.clock_reasons is not None and s.clock_reasons & bit}
+            self.detector.observe(gpu.labels, uncorrected_ecc=s.uncorrected_ecc(),
+                                  row_remap_failure=s.row_remap_failure, clock_reasons=active,
+                                  processes=self._process_records(s.processes, wl_cache))
+        fams.append(self.detector.family())
+        return fams
+
+    def _identity_families(self):
+        info = InfoMetricFamily("tracehound_gpu", "GPUs NVML enumerates.",
+                                labels=[*GPU_LABELS, "pci_bus_id", "driver_version"])
+        lost = GaugeMetricFamily("tracehound_gpu_lost",
+                                 "1 while the GPU does not answer NVML (NVML_ERROR_GPU_IS_LOST).",
+                                 labels=["gpu", "uuid"])
+        numa = GaugeMetricFamily("tracehound_gpu_numa_node",
+                                 "NUMA node the GPU is attached to (-1: unknown).",
+                                 labels=[*GPU_LABELS, "pci_bus_id"])
+        for g in self.gpus:
+            lv = [g.labels[k] for k in GPU_LABELS]
+            info.add_metric(lv, {"pci_bus_id": g.pci_bus_id, "driver_version": self.driver_version})
+            lost.add_metric([str(g.index), g.uuid], int(g.index in self._lost))
+            numa.add_metric([*lv, g.pci_bus_id], -1 if g.numa_node is None else g.numa_node)
+        nic = GaugeMetricFamily("tracehound_nic_numa_node",
+                                "NUMA node of each network / RDMA device (-1: unknown).",
+                                labels=["device", "subsystem"])
+        for n in self.topology.nics():
+            nic.add_metric([n.device, n.subsystem], n.numa_node)
+        return [info, lost, numa, nic]
+
+    def _gpu_lv(self, index: int | None) -> list[str]:
+        for g in self.gpus:
+            if g.index == index:
+                return [g.labels[k] for k in GPU_LABELS]
+        return [UNKNOWN_GPU[k] for k in GPU_LABELS]
+
+    def _event_families(self):
+        xid = CounterMetricFamily("tracehound_gpu_xid_errors",
+                                  "XID (critical error) events reported by the driver, by XID number.",
+                                  labels=[*GPU_LABELS, "xid"])
+        ev = CounterMetricFamily("tracehound_gpu_events",
+                                 "Other NVML events: single/double-bit ECC, PState and clock changes.",
+                                 labels=[*GPU_LABELS, "type"])
+        with self._lock:
+            xids, events = dict(self._xids), dict(self._events)
+        for (index, number), n in sorted(xids.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
+            xid.add_metric([*self._gpu_lv(index), str(number)], n)
+        for (index, label), n in sorted(events.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
+            ev.add_metric([*self._gpu_lv(index), label], n)
+        return [xid, ev]
+
+    def _process_families(self, samples, by_index, wl_cache):
+        rows = []   # (gpu, pid, used bytes, workload labels, misplaced or None)
+        for index, s in samples.items():
+            gpu = by_index[index]
+            misplaced: dict[int, tuple[dict, dict]] = {}
+            for pid, used in sorted(s.processes.items()):
+                wl = self._workload(pid, wl_cache)
+                verdict = None
+                placement = (self.topology.process_placement(pid)
+                             if gpu.numa_node is not None else None)
+                if placement is not None:
+                    verdict = self.topology.misplaced(placement, gpu.numa_node)
+                    if verdict:
+                        misplaced[pid] = ({"pid": pid, **wl}, {
+                            "gpu_numa_node": gpu.numa_node,
+                            "cpu_numa_nodes": sorted(self.topology.numa_nodes_of_cpus(placement.cpus)),
+                            "mem_numa_nodes": sorted(placement.mems)})
+                rows.append((gpu, pid, used, wl, verdict))
+            self.detector.misplacement(gpu.labels, misplaced)
+        keys = sorted({k for row in rows for k in row[3]})
+        labels = [*GPU_LABELS, "pid", *keys]
+        info = GaugeMetricFamily("tracehound_gpu_process_info",
+                                 "1 for each process holding a GPU context, with its workload.",
+                                 labels=labels)
+        used_fam = GaugeMetricFamily("tracehound_gpu_process_memory_used_bytes",
+                                     "GPU memory a process uses.", labels=labels)
+        mis = GaugeMetricFamily("tracehound_gpu_numa_misplaced",
+                                "1 when a GPU process may run or allocate only on NUMA nodes "
+                                "other than its GPU's.", labels=labels)
+        for gpu, pid, used, wl, verdict in rows:
+            lv = [*(gpu.labels[k] for k in GPU_LABELS), str(pid), *(wl.get(k, "") for k in keys)]
+            info.add_metric(lv, 1)
+            if used is not None:
+                used_fam.add_metric(lv, used)
+            if verdict is not None:
+                mis.add_metric(lv, int(verdict))
+        return [info, used_fam, mis]
+
+
+def _sample_families(samples: dict[int, GpuSample], by_index: dict[int, Gpu], reasons):
+    def gauge(name, doc, *extra):
+        return GaugeMetricFamily(f"tracehound_gpu_{name}", doc, labels=[*GPU_LABELS, *extra])
+
+    def counter(name, doc, *extra):
+        return CounterMetricFamily(f"tracehound_gpu_{name}", doc, labels=[*GPU_LABELS, *extra])
+
+    temp = gauge("temperature_celsius", "GPU die and memory temperature.", "sensor")
+    power = gauge("power_watts", "Power draw.")
+    limit = gauge("power_limit_watts", "Enforced power limit.")
+    clock = gauge("clock_hertz", "Current clock frequency.", "clock")
+    events = gauge("clock_event_active",
+                   "1 while a clock-event (throttle) reason holds the clocks down.", "reason")
+    util = gauge("utilization_ratio",
+                 "Fraction of the last sample period the engine was busy.", "engine")
+    mem_used = gauge("memory_used_bytes", "Frame-buffer memory in use.")
+    mem_total = gauge("memory_total_bytes", "Frame-buffer memory size.")
+    ecc = counter("ecc_errors", "ECC errors (volatile: since driver load; aggregate: lifetime).",
+                  "type", "scope")
+    retired = gauge("retired_pages", "Memory pages retired, by cause.", "cause")
+    retired_pend = gauge("retired_pages_pending", "1 while a page retirement waits for a reset.")
+    remapped = gauge("remapped_rows", "Memory rows remapped, by error type.", "type")
+    remap_pend = gauge("row_remap_pending", "1 while a row remap waits for a reset.")
+    remap_fail = gauge("row_remap_failure", "1 when a row remap failed (the GPU needs service).")
+    replay = counter("pcie_replays", "PCIe replay counter.")
+    nvlink = counter("nvlink_errors", "NVLink data-link error counters per link.", "link", "type")
+
+    for index, s in sorted(samples.items()):
+        lv = [by_index[index].labels[k] for k in GPU_LABELS]
+        for sensor, c in sorted(s.temperature_c.items()):
+            temp.add_metric([*lv, sensor], c)
+        if s.power_w is not None:
+            power.add_metric(lv, s.power_w)
+        if s.power_limit_w is not None:
+            limit.add_metric(lv, s.power_limit_w)
+        for name, hz in sorted(s.clocks_hz.items()):
+            clock.add_metric([*lv, name], hz)
+        if s.clock_reasons is not None:
+            for reason, bit in reasons:
+                events.add_metric([*lv, reason], int(bool(s.clock_reasons & bit)))
+        for engine, ratio in sorted(s.utilization.items()):
+            util.add_metric([*lv, engine], ratio)
+        if s.memory_used_bytes is not None:
+            mem_used.add_metric(lv, s.memory_used_bytes)
+            mem_total.add_metric(lv, s.memory_total_bytes)
+        for (etype, scope), n in sorted(s.ecc.items()):
+            ecc.add_metric([*lv, etype, scope], n)
+        for cause, n in sorted(s.retired_pages.items()):
+            retired.add_metric([*lv, cause], n)
+        if s.retired_pages_pending is not None:
+            retired_pend.add_metric(lv, s.retired_pages_pending)
+        for rtype, n in sorted(s.remapped_rows.items()):
+            remapped.add_metric([*lv, rtype], n)
+        if s.row_remap_pending is not None:
+            remap_pend.add_metric(lv, s.row_remap_pending)
+            remap_fail.add_metric(lv, s.row_remap_failure)
+        if s.pcie_replays is not None:
+            replay.add_metric(lv, s.pcie_replays)
+        for (link, etype), n in sorted(s.nvlink_errors.items()):
+            nvlink.add_metric([*lv, str(link), etype], n)
+    return [temp, power, limit, clock, events, util, mem_used, mem_total, ecc, retired,
+            retired_pend, remapped, remap_pend, remap_fail, replay, nvlink]
+
+
+def open_gpu_collector(workload_labels: WorkloadLabels | None = None, *, nvml=None,
+                       root: str = "/", start: bool = True, event_wait_ms: int = 500):
+    """(GpuCollector, one-line summary) or (None, one-line reason it cannot run).
+
+    start=True starts the event thread; the caller owns close().
+    """
+    if nvml is None:
+        nvml, reason = nv.load_nvml()
+        if nvml is None:
+            return None, reason
+    reason = nv.init(nvml)
+    if reason:
+        return None, reason
+    topo = Topology(root)
+    try:
+        gpus, lost = enumerate_gpus(nvml, topo)
+        driver = nv.text(nv.read(nvml, "nvmlSystemGetDriverVersion") or "")
+    except nvml.NVMLError as exc:
+        nv.shutdown(nvml)
+        return None, f"NVML could not list GPUs: {exc}"
+    if not gpus and not lost:
+        nv.shutdown(nvml)
+        return None, "no NVIDIA GPU found"
+    col = GpuCollector(nvml, gpus, lost, workload_labels=workload_labels, topology=topo,
+                       driver_version=driver, event_wait_ms=event_wait_ms)
+    if start:
+        col.start()
+    summary = f"{len(gpus) + len(lost)} GPU(s), driver {driver or 'unknown'}"
+    if lost:
+        summary += f", lost: {', '.join(str(g.index) for g in lost)}"
+    return col, summary
+
+
+def gpu_inventory(nvml=None) -> tuple[list[dict], str]:
+    """([{index, model, uuid, driver_version}], "") or ([], reason): for `tracehound doctor`."""
+    if nvml is None:
+        nvml, reason = nv.load_nvml()
+        if nvml is None:
+            return [], reason
+    reason = nv.init(nvml)
+    if reason:
+        return [], reason
+    try:
+        driver = nv.text(nv.read(nvml, "nvmlSystemGetDriverVersion") or "unknown")
+        gpus, lost = enumerate_gpus(nvml, Topology())
+    except nvml.NVMLError as exc:
+        return [], f"NVML could not list GPUs: {exc}"
+    finally:
+        nv.shutdown(nvml)
+    found = [{"index": g.index, "model": g.model, "uuid": g.uuid, "driver_version": driver,
+              "lost": g in lost} for g in sorted([*gpus, *lost], key=lambda g: g.index)]
+    return found, "" if found else "no NVIDIA GPU found"

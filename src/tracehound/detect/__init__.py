@@ -1,0 +1,1 @@
+"""Rules over collected state that emit anomaly events and counters."""

@@ -1,0 +1,136 @@
+"""GPU anomaly rules: new XID, uncorrectable ECC increase, row-remap failure,
+thermal/power slowdown, GPU lost, NUMA misplacement.
+
+Each anomaly is one JSON line on the `tracehound.events` logger and one
+increment of tracehound_gpu_anomalies_total{gpu,uuid,kind}. Rules fire on a
+transition (a count that grew, a state that switched on), never again while
+the state persists, so a scrape every few seconds does not flood the log.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import logging
+import threading
+from typing import Callable
+
+from prometheus_client.core import CounterMetricFamily
+
+events_log = logging.getLogger("tracehound.events")
+
+KINDS = ("xid", "ecc_uncorrectable", "row_remap_failure", "thermal_slowdown",
+         "power_slowdown", "hw_slowdown", "gpu_lost", "numa_misplaced")
+
+# Clock-event reason -> anomaly kind. sw_power_cap is left out on purpose: a
+# training GPU at full load sits at its power cap, which is normal operation.
+SLOWDOWN_KIND = {
+    "sw_thermal_slowdown": "thermal_slowdown",
+    "hw_thermal_slowdown": "thermal_slowdown",
+    "hw_power_brake_slowdown": "power_slowdown",
+    # NVML sets this for heat, a power brake or a power spike alike
+    "hw_slowdown": "hw_slowdown",
+}
+
+Emit = Callable[[dict], None]
+Labels = dict  # {"gpu", "uuid", "model"}
+Process = dict  # {"pid": int, **workload labels}
+
+
+def log_event(event: dict) -> None:
+    events_log.warning(json.dumps(event, sort_keys=True, default=str))
+
+
+def _now() -> str:
+    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
+
+
+class GpuDetector:
+    """Thread-safe: XIDs arrive from the event thread, the rest from scrapes."""
+
+    def __init__(self, emit: Emit = log_event):
+        self.emit = emit
+        self._lock = threading.Lock()
+        self._counts: dict[tuple[str, str, str], int] = {}
+        self._uncorrected: dict[tuple[str, str], int] = {}
+        self._remap_failed: set[tuple[str, str]] = set()
+        self._slowdowns: dict[tuple[str, str], set[str]] = {}
+        self._lost: set[tuple[str, str]] = set()
+        self._misplaced: dict[tuple[str, str], set[int]] = {}
+
+    @staticmethod
+    def _key(labels: Labels) -> tuple[str, str]:
+        return labels["gpu"], labels["uuid"]
+
+    def add_gpu(self, labels: Labels) -> None:
+        """Export every kind at 0 from the start so rate() and increase() work."""
+        with self._lock:
+            for kind in KINDS:
+                self._counts.setdefault((*self._key(labels), kind), 0)
+
+    def _fire(self, labels: Labels, kind: str, processes=(), **detail) -> None:
+        key = (*self._key(labels), kind)
+        self._counts[key] = self._counts.get(key, 0) + 1
+        event = {"time": _now(), "event": "gpu_anomaly", "kind": kind, **labels, **detail}
+        if processes:
+            event["processes"] = list(processes)
+        self.emit(event)
+
+    def xid(self, labels: Labels, xid: int, processes: list[Process] = ()) -> None:
+        """Every XID event is news: the driver reports each occurrence once."""
+        with self._lock:
+            self._fire(labels, "xid", processes, xid=xid)
+
+    def gpu_lost(self, labels: Labels, lost: bool) -> None:
+        key = self._key(labels)
+        with self._lock:
+            if lost and key not in self._lost:
+                self._lost.add(key)
+                self._fire(labels, "gpu_lost")
+            elif not lost:
+                self._lost.discard(key)
+
+    def observe(self, labels: Labels, *, uncorrected_ecc: int | None,
+                row_remap_failure: int | None, clock_reasons: set[str],
+                processes: list[Process] = ()) -> None:
+        """One scrape's reading of one answering GPU."""
+        key = self._key(labels)
+        with self._lock:
+            if uncorrected_ecc is not None:
+                before = self._uncorrected.get(key)
+                # the first reading is a baseline: errors from before the
+                # agent started are history, not a new anomaly
+                if before is not None and uncorrected_ecc > before:
+                    self._fire(labels, "ecc_uncorrectable", processes,
+                               count=uncorrected_ecc, increase=uncorrected_ecc - before)
+                self._uncorrected[key] = uncorrected_ecc
+            if row_remap_failure is not None:
+                if row_remap_failure and key not in self._remap_failed:
+                    self._remap_failed.add(key)
+                    self._fire(labels, "row_remap_failure", processes)
+                elif not row_remap_failure:
+                    self._remap_failed.discard(key)
+            active = {r for r in clock_reasons if r in SLOWDOWN_KIND}
+            seen = self._slowdowns.setdefault(key, set())
+            for reason in sorted(active - seen):
+                self._fire(labels, SLOWDOWN_KIND[reason], processes, reason=reason)
+            self._slowdowns[key] = active
+
+    def misplacement(self, labels: Labels, misplaced: dict[int, tuple[Process, dict]]) -> None:
+        """misplaced: pid -> (process record, NUMA detail) for every process
+        misplaced on this GPU now; a pid that leaves the set may fire again."""
+        key = self._key(labels)
+        with self._lock:
+            seen = self._misplaced.setdefault(key, set())
+            for pid in sorted(set(misplaced) - seen):
+                proc, detail = misplaced[pid]
+                self._fire(labels, "numa_misplaced", [proc], **detail)
+            self._misplaced[key] = set(misplaced)
+
+    def family(self) -> CounterMetricFamily:
+        fam = CounterMetricFamily("tracehound_gpu_anomalies",
+                                  "GPU anomalies detected (one per transition).",
+                                  labels=["gpu", "uuid", "kind"])
+        with self._lock:
+            for (gpu, uuid, kind), n in sorted(self._counts.items()):
+                fam.add_metric([gpu, uuid, kind], n)
+        return fam

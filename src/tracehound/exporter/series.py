@@ -1,0 +1,85 @@
+"""Label-set book-keeping shared by collectors that export kernel map entries.
+
+Map entries come and go (a cgroup is removed, its entries are deleted), but an
+exported counter must never go backwards while its label set is in use, and
+the number of label sets must stay bounded. SeriesBook keeps both promises:
+
+- the final values of deleted entries ("retired") are added to a base that is
+  exported with the label set: once more if nothing else uses it (the last
+  export), or for as long as live entries share it (a new cgroup at the same
+  path continues the counter instead of resetting it);
+- at most `max_series` label sets are admitted, first come first served; the
+  rest are folded into one overflow label set whose counters only grow.
+
+Samples are any objects with a `merge(other)` method and a zero-argument
+constructor (`factory`).
+"""
+from __future__ import annotations
+
+from typing import Callable, Generic, Hashable, TypeVar
+
+Labels = tuple
+S = TypeVar("S")
+
+
+class SeriesBook(Generic[S]):
+    def __init__(self, factory: Callable[[], S], overflow: Labels, max_series: int = 0):
+        self.factory = factory
+        self.overflow = overflow
+        self.max_series = max_series      # 0: no limit
+        self._admitted: set[Hashable] = set()
+        self._folded: set[Hashable] = set()
+        self._base: dict[Hashable, S] = {}
+        self.folded_total = 0             # label sets ever sent to overflow
+
+    def _admit(self, labels: Labels) -> Labels:
+        if labels in self._admitted or labels == self.overflow:
+            return labels
+        if not self.max_series or len(self._admitted) < self.max_series:
+            self._admitted.add(labels)
+            return labels
+        if labels not in self._folded:
+            self._folded.add(labels)
+            self.folded_total += 1
+        return self.overflow
+
+    def scrape(self, live: dict[Labels, S], retired: dict[Labels, S]) -> dict[Labels, S]:
+        """Label set -> sample to export now. `live` are the current values of
+        entries still in the map; `retired` the final values of entries that
+        were just deleted from it."""
+        out: dict[Labels, S] = {}
+        just_retired = set()
+        for labels, sample in retired.items():
+            key = self._admit(labels)
+            base = self._base.get(key)
+            if base is None:
+                base = self._base[key] = self.factory()
+            base.merge(sample)
+            just_retired.add(key)
+            if key == self.overflow:
+                self._folded.discard(labels)
+        in_use = set()
+        for labels, sample in live.items():
+            key = self._admit(labels)
+            in_use.add(key)
+            merged = out.get(key)
+            if merged is None:
+                merged = out[key] = self.factory()
+            merged.merge(sample)
+        for key, base in list(self._base.items()):
+            if key in in_use or key in just_retired or key == self.overflow:
+                merged = out.get(key)
+                if merged is None:
+                    merged = out[key] = self.factory()
+                merged.merge(base)
+            else:
+                # exported once after its last entry went away: forget it
+                del self._base[key]
+                self._admitted.discard(key)
+        # admitted label sets with neither entries nor base are gone too
+        self._admitted &= in_use | set(self._base)
+        return out
+
+    @property
+    def series(self) -> int:
+        return len(self._admitted) + (1 if self.overflow in self._base or self._folded else 0)

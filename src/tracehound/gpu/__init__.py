@@ -1,0 +1,1 @@
+"""NVML access for the GPU health collector: library loading, device reads, events."""

@@ -1,0 +1,51 @@
+"""GPU tier: the collector against a real NVIDIA GPU, driver and nvidia-smi."""
+import os
+
+import pytest
+
+from tracehound.collectors.gpu import open_gpu_collector
+
+_GPU_DIR = os.path.join("tests", "gpu")
+_reason = None
+
+
+def gpu_unavailable_reason() -> str:
+    """"" when NVML opens and lists at least one GPU, else why not."""
+    global _reason
+    if _reason is None:
+        try:
+            import pynvml
+        except ImportError:
+            _reason = "nvidia-ml-py is not installed (pip install nvidia-ml-py)"
+            return _reason
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as exc:
+            _reason = f"no usable NVIDIA driver: NVML says {exc}"
+            return _reason
+        try:
+            count = pynvml.nvmlDeviceGetCount()
+        finally:
+            pynvml.nvmlShutdown()
+        _reason = "" if count else "NVML found no NVIDIA GPU"
+    return _reason
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if _GPU_DIR in str(item.fspath):
+            item.add_marker(pytest.mark.gpu)
+            reason = gpu_unavailable_reason()
+            if reason:
+                item.add_marker(pytest.mark.skip(reason=f"needs an NVIDIA GPU: {reason}"))
+
+
+@pytest.fixture
+def collector():
+    col, reason = open_gpu_collector()
+    if col is None:
+        pytest.fail(f"NVML opened in conftest but the collector did not: {reason}")
+    try:
+        yield col
+    finally:
+        col.close()

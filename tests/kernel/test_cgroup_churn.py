@@ -1,0 +1,96 @@
+"""Short-lived cgroups: their entries leave the kernel map after one last
+export, the agent's memory does not grow, and every byte is exported once."""
+import os
+import time
+import uuid
+
+from .conftest import series
+
+CGROUPS = int(os.environ.get("TRACEHOUND_CHURN_CGROUPS", "10000"))
+SCRAPE_EVERY = 500
+# The allocator settles after a few rounds of this pattern (measured: RSS
+# grows ~7 MiB over the first 2,500 cgroups, then stays within ~2 MiB).
+WARMUP = 2500
+
+
+def _one_write(cgroup_dir: str, path: str, size: int) -> None:
+    """Fork a child that joins cgroup_dir, writes `size` bytes, exits."""
+    pid = os.fork()
+    if pid == 0:
+        try:
+            with open(os.path.join(cgroup_dir, "cgroup.procs"), "w") as f:
+                f.write(str(os.getpid()))
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+            os.write(fd, b"x" * size)
+            os.close(fd)
+            os._exit(0)
+        except BaseException:
+            os._exit(1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+
+
+def _rss_kib(pid: int) -> int:
+    with open(f"/proc/{pid}/status") as f:
+        for line in f:
+            if line.startswith("VmRSS:"):
+                return int(line.split()[1])
+    raise AssertionError("no VmRSS")
+
+
+def _ours(metrics: dict, tmpfs: str) -> dict:
+    """write-bytes series on the test's tmpfs, by cgroup label"""
+    return {dict(labels)["cgroup"]: v for (name, labels), v in metrics.items()
+            if name == "tracehound_io_write_bytes_total"
+            and dict(labels).get("mountpoint") == tmpfs}
+
+
+def test_short_lived_cgroups_are_exported_once_and_cleaned_up(agent, cgroup_root, tmpfs):
+    parent_rel = f"/thtest/churn-{uuid.uuid4().hex[:8]}"
+    parent = cgroup_root + parent_rel
+    os.makedirs(parent)
+    target = os.path.join(tmpfs, "churn")
+    final: dict[str, float] = {}
+
+    def record():
+        m = agent.scrape()
+        for cg, v in _ours(m, tmpfs).items():
+            final[cg] = max(v, final.get(cg, 0))
+        return m
+
+    m = record()
+    base_entries = series(m, "tracehound_map_entries", map="io_stats")
+    base_tracked = series(m, "tracehound_series_tracked", collector="io")
+    written = 0
+    rss_start = None
+    started = time.monotonic()
+    for i in range(CGROUPS):
+        if i == WARMUP:
+            rss_start = _rss_kib(agent.proc.pid)
+        d = os.path.join(parent, f"c{i}")
+        os.mkdir(d)
+        size = 1000 + i % 7
+        _one_write(d, target, size)
+        written += size
+        os.rmdir(d)
+        if i % SCRAPE_EVERY == SCRAPE_EVERY - 1:
+            record()
+            if os.environ.get("TRACEHOUND_CHURN_DEBUG"):
+                print(i, _rss_kib(agent.proc.pid), flush=True)
+    m = record()
+    m = record()  # entries retired in the previous scrape are gone now
+    elapsed = time.monotonic() - started
+    os.rmdir(parent)
+    assert rss_start is not None, f"TRACEHOUND_CHURN_CGROUPS must exceed {WARMUP}"
+    print(f"{CGROUPS} cgroups in {elapsed:.1f} s; rss {rss_start} -> "
+          f"{_rss_kib(agent.proc.pid)} KiB; {len(final)} label sets")
+
+    # every byte exported exactly once, over the run
+    assert sum(final.values()) == written
+    # no series of a removed cgroup is still exported
+    assert not _ours(m, tmpfs)
+    # the kernel map, the agent's own state and its memory are back where they started
+    assert series(m, "tracehound_series_tracked", collector="io") <= base_tracked + 16
+    # (a little slack: other processes on the host may open new entries meanwhile)
+    assert series(m, "tracehound_map_entries", map="io_stats") <= base_entries + 16
+    assert _rss_kib(agent.proc.pid) - rss_start < 4096

@@ -1,0 +1,84 @@
+"""Shared pieces of the GPU unit tests: a sysfs/procfs tree and sample lookup."""
+from __future__ import annotations
+
+import os
+
+from tracehound.collectors.gpu import GpuCollector
+from tracehound.detect.gpu import GpuDetector
+from tracehound.gpu.device import enumerate_gpus
+from tracehound.host.topology import Topology
+
+from .fake_nvml import FakeNvml
+
+
+def write(root, rel: str, text: str) -> None:
+    path = os.path.join(str(root), rel)
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write(text)
+
+
+def make_host(root, *, nodes=None, pci=None, nics=None, procs=None) -> str:
+    """A fake /sys and /proc under root.
+
+    nodes: {node: "cpulist"}; pci: {"0000:3b:00.0": numa node};
+    nics: {(subsystem, name): numa node or None for a virtual device};
+    procs: {pid: (cgroup path, "Cpus_allowed_list", "Mems_allowed_list")}.
+    """
+    for node, cpus in (nodes or {}).items():
+        write(root, f"sys/devices/system/node/node{node}/cpulist", cpus + "\n")
+    for bus, node in (pci or {}).items():
+        write(root, f"sys/bus/pci/devices/{bus}/numa_node", f"{node}\n")
+    for (subsystem, name), node in (nics or {}).items():
+        if node is None:
+            os.makedirs(os.path.join(str(root), "sys/class", subsystem, name), exist_ok=True)
+        else:
+            write(root, f"sys/class/{subsystem}/{name}/device/numa_node", f"{node}\n")
+    for pid, (cgroup, cpus, mems) in (procs or {}).items():
+        write(root, f"proc/{pid}/cgroup", f"12:cpu,cpuacct:/old\n0::{cgroup}\n")
+        write(root, f"proc/{pid}/status",
+              f"Name:\tpython\nPid:\t{pid}\nCpus_allowed_list:\t{cpus}\n"
+              f"Mems_allowed_list:\t{mems}\n")
+    return str(root)
+
+
+class Events:
+    """Collects emitted anomaly events in place of the JSON log."""
+
+    def __init__(self):
+        self.items: list[dict] = []
+
+    def __call__(self, event: dict) -> None:
+        self.items.append(event)
+
+    def kinds(self) -> list[str]:
+        return [e["kind"] for e in self.items]
+
+
+def make_collector(nvml: FakeNvml, root, workload_labels=None, events: Events | None = None,
+                   start=False) -> GpuCollector:
+    nvml.nvmlInit()
+    topo = Topology(str(root))
+    gpus, lost = enumerate_gpus(nvml, topo)
+    col = GpuCollector(nvml, gpus, lost, workload_labels=workload_labels, topology=topo,
+                       detector=GpuDetector(emit=events or Events()), driver_version=nvml.driver,
+                       event_wait_ms=20)
+    return col.start() if start else col
+
+
+def scrape(collector) -> dict:
+    """{family name: [(sample name, labels dict, value)]}"""
+    return {f.name: [(s.name, s.labels, s.value) for s in f.samples] for f in collector.collect()}
+
+
+def value(fams: dict, family: str, sample: str | None = None, **labels):
+    """The value of the one sample of `family` whose labels include `labels`."""
+    hits = [v for name, lbl, v in fams[family]
+            if (sample is None or name == sample)
+            and all(lbl.get(k) == str(want) for k, want in labels.items())]
+    assert len(hits) <= 1, (family, labels, hits)
+    return hits[0] if hits else None
+
+
+def label_sets(fams: dict, family: str) -> list[dict]:
+    return [lbl for _, lbl, _ in fams[family]]
