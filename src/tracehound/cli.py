@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import importlib
 import logging
 import sys
 
@@ -10,6 +11,12 @@ from .bpf.features import MODES
 from .errors import TracehoundError
 from .exporter.server import DEFAULT_LISTEN
 from .host.mounts import DEFAULT_SKIP_FSTYPES
+
+
+# Each of these modules adds its own sub-command: add_parser(subparsers)
+# registers it with set_defaults(handler=fn), and fn(args) -> exit code runs
+# it. Keep their imports light: they run for every command line.
+COMMAND_MODULES: list[str] = []
 
 
 def _fstypes(value: str) -> tuple[str, ...]:
@@ -52,6 +59,9 @@ def build_parser() -> argparse.ArgumentParser:
                      help="most label sets per metric family; the rest are summed into one "
                           "series labelled __overflow__ (default 10000, 0: no limit)")
 
+    for module in COMMAND_MODULES:
+        importlib.import_module(module).add_parser(sub)
+
     sub.add_parser("doctor", parents=[hook], help="show which hooks this kernel offers and why",
                    description="Check the host (root, BTF, libbpf, tracefs, cgroup v2) and show, "
                                "per probe, which hook mode would be used and why the others "
@@ -80,6 +90,9 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "doctor":
             from .doctor import doctor
             return doctor(args.hook_mode)
+        handler = getattr(args, "handler", None)
+        if handler is not None:
+            return handler(args)
     except TracehoundError as exc:
         print(f"tracehound: error: {exc}", file=sys.stderr)
         return 1
