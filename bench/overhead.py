@@ -39,9 +39,9 @@ REPO = HERE.parent
 AGENT = [str(REPO / ".venv/bin/tracehound"), "run", "--listen", "127.0.0.1:0"]
 BT_SCRIPT = HERE / "baseline.bt"
 STATS_SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
-# Two empty programs on every syscall: what bpf_stats reports for doing
-# nothing, i.e. the measurement's own floor on this machine.
-EMPTY_BT = "tracepoint:raw_syscalls:sys_enter { } tracepoint:raw_syscalls:sys_exit { }"
+# Two empty tp_btf programs on every syscall: the dispatch floor of the
+# tracepoint mode, and what bpf_stats reports for doing nothing.
+EMPTY = [str(REPO / ".venv/bin/python"), str(HERE / "empty_hooks.py")]
 
 
 def log(msg: str) -> None:
@@ -198,7 +198,8 @@ def throughput(args, tools: dict[str, Tool | None], fio: list[str]) -> dict:
     iops = {c: [] for c in CONDITIONS}
     for r in range(args.rounds):
         # rotate the order each round so no condition always runs first
-        order = CONDITIONS[r % 3:] + CONDITIONS[:r % 3]
+        k = r % len(CONDITIONS)
+        order = CONDITIONS[k:] + CONDITIONS[:k]
         for cond in order:
             tool = tools[cond]
             if tool:
@@ -326,8 +327,7 @@ def main() -> int:
         agent_cmd = AGENT + ["--hook-mode", args.hook_mode]
         tools["tracehound"] = Tool("tracehound", agent_cmd, r"serving metrics on", signal.SIGTERM)
         tools["bpftrace"] = Tool("bpftrace", bt_cmd, r"Attaching \d+ probes", signal.SIGINT)
-        tools["empty"] = Tool("empty", ["bpftrace", "-B", "none", "-e", EMPTY_BT],
-                              r"Attaching \d+ probes", signal.SIGINT)
+        tools["empty"] = Tool("empty", EMPTY, r"attached \d+ empty programs", signal.SIGINT)
         fio = fio_cmd(args, data)
         machine = facts()
 

@@ -18,3 +18,11 @@ int probe_tp_btf(void *ctx)
 {
 	return 0;
 }
+
+/* Its exit twin: with probe_tp_btf, the floor the benchmark measures (two
+ * programs that do nothing on every syscall). */
+SEC("tp_btf/sys_exit")
+int probe_tp_btf_exit(void *ctx)
+{
+	return 0;
+}
