@@ -54,10 +54,12 @@ class Agent:
     def start(self) -> "Agent":
         # Bind first: a busy port should fail before any BPF is loaded.
         self.exporter.start()
+        self.cgroups.watch()
         try:
             self.io.start()
         except BaseException:
             self.exporter.stop()
+            self.cgroups.close()
             raise
         self.registry.register(ProbeInfoCollector([self.io]))
         self.registry.register(IoCollector(self.io, self.mounts, self.cgroups,
@@ -86,6 +88,7 @@ class Agent:
         if getattr(self, "gpu", None) is not None:
             self.gpu.close()
         self.io.close()
+        self.cgroups.close()
 
     def wait(self) -> None:
         self._stop.wait()

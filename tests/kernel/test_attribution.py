@@ -195,3 +195,24 @@ def test_slurm_v1_job_on_a_hybrid_host(agent, cgroup_root, cgroup, tmpfs):
                     break
                 except OSError:
                     time.sleep(0.1)
+
+
+def test_a_cgroup_gone_before_the_scrape_keeps_its_name(agent, cgroup_root, tmpfs):
+    """A cgroup created, used and removed between two scrapes is exported
+    once under its path and workload, not under a bare id."""
+    parent = f"/thtest/brief-{TAG}"
+    rel = f"{parent}/brief-{TAG}.service"
+    os.makedirs(cgroup_root + rel)
+    try:
+        size = 54_321
+        assert run_in_cgroup(cgroup_root, rel,
+                             [["write", os.path.join(tmpfs, "attr-brief"), size, 4096]]) == [size]
+    finally:
+        os.rmdir(cgroup_root + rel)
+        os.rmdir(cgroup_root + parent)
+    m = agent.scrape()
+    got = series(m, "tracehound_io_write_bytes_total", cgroup=rel, mountpoint=tmpfs,
+                 workload="systemd", unit=f"brief-{TAG}.service")
+    assert got == size, sorted(dict(ls)["cgroup"] for (n, ls), v in m.items()
+                               if n == "tracehound_io_write_bytes_total")
+    assert not series(agent.scrape(), "tracehound_io_write_bytes_total", cgroup=rel)

@@ -64,6 +64,9 @@ class FakeCgroups:
     def forget(self, cgid):
         self.forgotten.append(cgid)
 
+    def retain(self, in_use):
+        self.retained = set(in_use)
+
     def path(self, cgid):
         return self.paths.get(cgid, f"unknown:{cgid}")
 

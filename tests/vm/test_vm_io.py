@@ -14,6 +14,13 @@ pytestmark = pytest.mark.vm
 
 REPO = Path(__file__).resolve().parents[2]
 MODES = ("fentry", "kprobe", "tracepoint")
+# The host-kernel tests whose subject is the I/O probe in a hook mode. The
+# rest of tests/kernel (cgroup churn, chaos, fleet, live view) exercises
+# userspace on top of it and stays on the host; so does Slurm's v1 layout,
+# which needs the host's hybrid v1 hierarchies (the guest is pure v2).
+VM_SUITE = ("tests/kernel/test_io_accuracy.py", "tests/kernel/test_agent_options.py",
+            "tests/kernel/test_attribution.py",
+            "--deselect", "tests/kernel/test_attribution.py::test_slurm_v1_job_on_a_hybrid_host")
 
 GUEST_SCRIPT = """
 set -u
@@ -21,17 +28,20 @@ RESULTS={results}
 export TRACEHOUND_PARITY_DIR=$RESULTS TRACEHOUND_TEST_DISK_DIR=$RESULTS
 mountpoint -q /sys/kernel/tracing || mount -t tracefs nodev /sys/kernel/tracing
 for mode in {modes}; do
-    {python} -m pytest -p no:cacheprovider -q tests/kernel --hook-mode "$mode" \\
+    {python} -m pytest -p no:cacheprovider -q {suite} --hook-mode "$mode" \\
         --junitxml="$RESULTS/$mode.xml" >"$RESULTS/$mode.log" 2>&1
     echo "MODE $mode rc=$?"
 done
+{python} -m pytest -p no:cacheprovider -q tests/vm/deliberate_failure.py \
+    --junitxml="$RESULTS/deliberate.xml" >"$RESULTS/deliberate.log" 2>&1
 """
 
 
 @pytest.fixture(scope="session")
 def vm_run(tmp_path_factory):
     results = tmp_path_factory.mktemp("vm-io")
-    script = GUEST_SCRIPT.format(results=results, modes=" ".join(MODES), python=sys.executable)
+    script = GUEST_SCRIPT.format(results=results, modes=" ".join(MODES), python=sys.executable,
+                                 suite=" ".join(VM_SUITE))
     result = harness.run_in_vm(script, timeout=1200, cwd=REPO, writable=[results])
     return result, results
 
@@ -42,12 +52,9 @@ def _tail(path: Path, n: int = 60) -> str:
     return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
 
 
-@pytest.mark.parametrize("mode", MODES)
-def test_kernel_suite_passes_in_vm(vm_run, mode):
-    result, results = vm_run
-    report = results / f"{mode}.xml"
-    assert report.exists(), (f"no junit report for {mode}; guest output:\n{result.output[-3000:]}"
-                             f"\n--- {mode}.log\n{_tail(results / f'{mode}.log')}")
+def junit_problems(report: Path) -> tuple[int, list[str], list[str]]:
+    """(tests run, failures/errors/unexpected skips, expected failures) of a
+    junit report written inside the guest."""
     suite = ET.parse(report).getroot()
     suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
     bad = [f"{tc.get('classname')}::{tc.get('name')}: {el.tag}: {(el.get('message') or '')[:300]}"
@@ -56,12 +63,35 @@ def test_kernel_suite_passes_in_vm(vm_run, mode):
            or (el.tag == "skipped" and el.get("type") != "pytest.xfail")]
     known = [tc.get("name") for tc in suite.iter("testcase") for el in tc
              if el.tag == "skipped" and el.get("type") == "pytest.xfail"]
+    return int(suite.get("tests")), bad, known
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_kernel_suite_passes_in_vm(vm_run, mode):
+    result, results = vm_run
+    report = results / f"{mode}.xml"
+    assert report.exists(), (f"no junit report for {mode}; guest output:\n{result.output[-3000:]}"
+                             f"\n--- {mode}.log\n{_tail(results / f'{mode}.log')}")
+    tests, bad, known = junit_problems(report)
     if known:
         print(f"{mode}: known failures (xfail): {known}")
-    assert int(suite.get("tests")) >= 10
+    assert tests >= 10
     # Inside the VM everything is available: a skip is a hole in coverage.
     assert not bad, f"{mode} mode in the VM:\n" + "\n".join(bad) + \
         f"\n--- {mode}.log\n{_tail(results / f'{mode}.log')}"
+
+
+def test_failure_inside_vm_reaches_pytest(vm_run):
+    """The same path that reports the suites above turns a probe that cannot
+    load in the guest into a failure naming the program, hook and reason."""
+    result, results = vm_run
+    report = results / "deliberate.xml"
+    assert report.exists(), f"no junit report; guest output:\n{result.output[-3000:]}"
+    tests, bad, _ = junit_problems(report)
+    assert tests == 1 and len(bad) == 1, bad
+    assert "test_fentry_on_a_missing_function: failure" in bad[0]
+    assert "program fe_vfs_read on fentry/tracehound_no_such_function" in bad[0], bad[0]
+    assert "load failed" in bad[0], bad[0]
 
 
 @pytest.mark.parametrize("workload", ["worker-tmpfs", "worker-disk"])

@@ -5,19 +5,66 @@ which is the inode number of its directory in cgroup2fs.
 """
 from __future__ import annotations
 
+import logging
 import os
+import threading
+from collections.abc import Iterable
+
+from .cgroup_watch import CgroupWatcher
+
+log = logging.getLogger(__name__)
 
 
 class CgroupResolver:
     """Resolves ids by walking the hierarchy; at most one walk per scrape
-    (call new_scrape() first), however many unknown ids the scrape meets."""
+    (call new_scrape() first), however many unknown ids the scrape meets.
+    With watch(), paths of new cgroups are learnt as they are created, so
+    even a cgroup gone before the next scrape keeps its name."""
 
     def __init__(self, root: str):
         self.root = root.rstrip("/") or "/"
         self._paths: dict[int, str] = {}
+        self._existing: set[int] = set()
+        self._ino_of: dict[str, int] = {}
+        self._lock = threading.Lock()
+        self._watcher: CgroupWatcher | None = None
         self._may_rescan = False
         self._alive: dict[int, bool] = {}
         self._scan()
+
+    def watch(self) -> None:
+        try:
+            self._watcher = CgroupWatcher(self.root, self._created, self._removed,
+                                          self._overflow).start()
+        except OSError as exc:
+            log.warning("cgroup names are learnt at scrapes only (inotify: %s)", exc)
+
+    def close(self) -> None:
+        if self._watcher is not None:
+            self._watcher.close()
+            self._watcher = None
+
+    def _created(self, ino: int, rel: str) -> None:
+        with self._lock:
+            self._paths[ino] = rel
+            self._existing.add(ino)
+            self._ino_of[rel] = ino
+
+    def _removed(self, rel: str) -> None:
+        with self._lock:
+            ino = self._ino_of.pop(rel, None)
+            self._existing.discard(ino)
+
+    def _overflow(self) -> None:
+        self._may_rescan = True
+
+    def retain(self, in_use: Iterable[int]) -> None:
+        """Forget the paths of removed cgroups nothing refers to any more:
+        memory follows the cgroups that exist, not all that ever did."""
+        keep = set(in_use)
+        with self._lock:
+            for ino in [i for i in self._paths if i not in keep and i not in self._existing]:
+                del self._paths[ino]
 
     def new_scrape(self) -> None:
         self._may_rescan = True
@@ -45,20 +92,25 @@ class CgroupResolver:
 
     def forget(self, cgroup_id: int) -> None:
         """Drop a removed cgroup once its last values were exported."""
-        self._paths.pop(cgroup_id, None)
+        with self._lock:
+            self._paths.pop(cgroup_id, None)
 
     def _scan(self) -> None:
         self._may_rescan = False
         root_len = len(self.root)
+        found: dict[str, int] = {}
         for dirpath, _dirs, _files in os.walk(self.root):
             try:
-                ino = os.stat(dirpath).st_ino
+                found[dirpath[root_len:] or "/"] = os.stat(dirpath).st_ino
             except OSError:
                 continue
-            rel = dirpath[root_len:] or "/"
-            self._paths[ino] = rel
-            # a rescan knows more than the answers cached before it
-            self._alive.pop(ino, None)
+        with self._lock:
+            for rel, ino in found.items():
+                self._paths[ino] = rel
+                # a rescan knows more than the answers cached before it
+                self._alive.pop(ino, None)
+            self._ino_of = found
+            self._existing = set(found.values())
 
     def path(self, cgroup_id: int) -> str:
         """The cgroup's path; ids of removed cgroups keep their last known path

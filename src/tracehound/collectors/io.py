@@ -146,6 +146,7 @@ class IoCollector:
                 _sample(retired, self._labels(cgid, mnt, flags)).add(decode_value(v))
             stats.delete(k)
         self.entries = len(items) - len(dead)
+        self.cgroups.retain({KEY.unpack(k)[0] for k, _ in items})
         for cgid in {d[1] for d in dead}:
             self.workloads.forget(self.cgroups.path(cgid))
             self.cgroups.forget(cgid)
