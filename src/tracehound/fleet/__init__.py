@@ -1,0 +1,1 @@
+"""Working with the engines a fleet runs next to the agents (Prometheus)."""

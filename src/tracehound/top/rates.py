@@ -1,0 +1,181 @@
+"""Two scrapes of an agent's /metrics -> a Snapshot of per-second rates.
+
+Counters are differenced per series. A series that went backwards was reset
+(the agent restarted) and counts from zero; a series missing from the
+earlier scrape also counts from zero, because the agent exports a label set
+from its first call on. A histogram resets as a whole: its buckets are one
+kernel array, so one bucket going backwards means all of them did.
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from .model import Snapshot, estimate_quantile, io_row_for
+from .panels import gpu_rows, rdma_error_rows, rdma_object_rows
+
+IO_PREFIX = "tracehound_io_"
+ERRORS = re.compile(r"^tracehound_io_\w+_errors_total$")
+LATENCY_OPS = ("read", "write")
+
+
+def _key(labels: dict, drop: str = "") -> tuple:
+    return tuple(sorted((k, v) for k, v in labels.items() if k != drop))
+
+
+@dataclass
+class Scrape:
+    """One parse of the exposition text, taken at a monotonic time."""
+    taken_at: float
+    families: set = field(default_factory=set)
+    # sample name -> {sorted label items: value}
+    samples: dict = field(default_factory=dict)
+
+    def series(self, name: str):
+        return self.samples.get(name, {})
+
+    def has(self, family: str) -> bool:
+        return family in self.families
+
+    def values(self, name: str) -> list:
+        """[(labels, value)] of one sample name."""
+        return [(dict(k), v) for k, v in self.series(name).items()]
+
+
+# name, the text between the braces (label values may hold "}"), value
+_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
+_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
+_ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
+WANTED = ("tracehound_io_", "tracehound_rdma_", "tracehound_gpu_")
+UNUSED = ("tracehound_io_fsync_latency",)
+
+
+def _unescape(value: str) -> str:
+    return re.sub(r"\\.", lambda m: _ESCAPES.get(m.group(0), m.group(0)), value)
+
+
+def parse_metrics(text: str, taken_at: float) -> Scrape:
+    """Prometheus text exposition -> Scrape, keeping only what top shows.
+
+    An agent on a busy node exports thousands of label sets and a refresh
+    must stay well under a second, so lines of other metrics are dropped
+    before any parsing."""
+    scrape = Scrape(taken_at)
+    for line in text.splitlines():
+        if not line.startswith(WANTED) or line.startswith(UNUSED):
+            if line.startswith("# TYPE "):
+                parts = line.split()
+                if len(parts) >= 4:
+                    scrape.families.add(parts[2])
+                    if parts[3] == "counter" and parts[2].endswith("_total"):
+                        scrape.families.add(parts[2][:-len("_total")])
+            continue
+        m = _SAMPLE.match(line)
+        if m is None:
+            raise ValueError(f"unparsable line: {line[:120]!r}")
+        name, body, value = m.groups()
+        labels = {}
+        if body:
+            for k, v in _LABEL.findall(body):
+                labels[k] = _unescape(v) if "\\" in v else v
+        scrape.samples.setdefault(name, {})[_key(labels)] = float(value)
+    return scrape
+
+
+def counter_delta(current: float, previous) -> float:
+    if previous is None or current < previous:
+        return current
+    return current - previous
+
+
+def counter_deltas(prev: Scrape, cur: Scrape, name: str) -> list:
+    """[(labels, delta, current value)] for one counter sample name."""
+    before = prev.series(name)
+    return [(dict(k), counter_delta(v, before.get(k)), v) for k, v in cur.series(name).items()]
+
+
+def histogram_deltas(prev: Scrape, cur: Scrape, base: str) -> list:
+    """[(labels without le, [(bound, cumulative delta)])] for one histogram."""
+    def grouped(scrape):
+        out: dict[tuple, dict[float, float]] = {}
+        for k, v in scrape.series(base + "_bucket").items():
+            labels = dict(k)
+            bound = float(labels.pop("le", "+Inf"))
+            out.setdefault(_key(labels), {})[bound] = v
+        return out
+
+    before = grouped(prev)
+    result = []
+    for key, buckets in grouped(cur).items():
+        old = before.get(key, {})
+        reset = any(v < old.get(b, 0.0) for b, v in buckets.items())
+        delta = [(b, v if reset else v - old.get(b, 0.0)) for b, v in sorted(buckets.items())]
+        result.append((dict(key), delta))
+    return result
+
+
+def _rates(prev: Scrape, cur: Scrape, name: str, seconds: float) -> list:
+    return [(labels, d / seconds) for labels, d, _ in counter_deltas(prev, cur, name)]
+
+
+def _merge(into: dict, buckets: list) -> None:
+    for bound, count in buckets:
+        into[bound] = into.get(bound, 0.0) + count
+
+
+def snapshot(prev: Scrape, cur: Scrape, source: str) -> Snapshot:
+    seconds = cur.taken_at - prev.taken_at
+    if seconds <= 0:
+        raise ValueError("the second scrape must be taken after the first")
+    rows: dict = {}
+    for labels, d, total in counter_deltas(prev, cur, IO_PREFIX + "read_bytes_total"):
+        row = io_row_for(rows, labels)
+        row.read_bytes_per_second += d / seconds
+        row.read_bytes_total += total
+    for labels, d, total in counter_deltas(prev, cur, IO_PREFIX + "write_bytes_total"):
+        row = io_row_for(rows, labels)
+        row.write_bytes_per_second += d / seconds
+        row.write_bytes_total += total
+    for labels, rate in _rates(prev, cur, IO_PREFIX + "read_requests_total", seconds):
+        io_row_for(rows, labels).read_ops_per_second += rate
+    for labels, rate in _rates(prev, cur, IO_PREFIX + "write_requests_total", seconds):
+        io_row_for(rows, labels).write_ops_per_second += rate
+    for name in sorted(n for n in cur.samples if ERRORS.match(n)):
+        for labels, rate in _rates(prev, cur, name, seconds):
+            io_row_for(rows, labels).errors_per_second += rate
+
+    # per row: op -> {bound: delta}, merged over the row's cgroups
+    hists: dict[int, dict[str, dict[float, float]]] = {}
+    for op in LATENCY_OPS:
+        for labels, buckets in histogram_deltas(prev, cur, f"{IO_PREFIX}{op}_latency_seconds"):
+            row = io_row_for(rows, labels)
+            _merge(hists.setdefault(id(row), {}).setdefault(op, {}), buckets)
+    for row in rows.values():
+        per_op = hists.get(id(row), {})
+        both: dict[float, float] = {}
+        for op, buckets in per_op.items():
+            _merge(both, buckets.items())
+            setattr(row, f"{op}_latency_p99_seconds", estimate_quantile(0.99, buckets.items()))
+        row.latency_p50_seconds = estimate_quantile(0.5, both.items())
+        row.latency_p99_seconds = estimate_quantile(0.99, both.items())
+
+    def present(family, name):
+        return cur.values(name) if cur.has(family) else None
+
+    def rates_of(name):
+        return _rates(prev, cur, name, seconds)
+
+    return Snapshot(
+        source=source,
+        io=list(rows.values()),
+        rdma_objects=rdma_object_rows(
+            present("tracehound_rdma_objects", "tracehound_rdma_objects")),
+        rdma_errors=rdma_error_rows(
+            present("tracehound_rdma_verb_errors", "tracehound_rdma_verb_errors_total"),
+            rates_of("tracehound_rdma_verb_errors_total")),
+        gpus=gpu_rows(
+            present("tracehound_gpu_temperature_celsius", "tracehound_gpu_temperature_celsius"),
+            present("tracehound_gpu_clock_event_active", "tracehound_gpu_clock_event_active"),
+            present("tracehound_gpu_xid_errors", "tracehound_gpu_xid_errors_total"),
+            rates_of("tracehound_gpu_xid_errors_total")),
+        interval_seconds=seconds)

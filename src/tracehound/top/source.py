@@ -1,0 +1,199 @@
+"""Where the numbers come from: an agent's /metrics, or a Prometheus server.
+
+Both answer poll() with a Snapshot. The agent source needs two scrapes to
+compute rates, so its first poll() answers None; Prometheus computes rates
+itself (rate() over --window), so every poll answers.
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from typing import Optional
+
+from ..attribution.workload import WORKLOAD_LABELS
+from ..errors import TracehoundError
+from .model import Snapshot, io_row_for
+from .panels import gpu_rows, rdma_error_rows, rdma_object_rows
+from .rates import Scrape, parse_metrics, snapshot
+
+DEFAULT_URL = "http://127.0.0.1:9560/metrics"
+_DURATION = re.compile(r"^(\d+(ms|s|m|h|d|w|y))+$")
+
+
+class SourceError(TracehoundError):
+    pass
+
+
+def _get(url: str, timeout: float) -> bytes:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as resp:
+            return resp.read()
+    except urllib.error.HTTPError as exc:
+        body = exc.read().decode(errors="replace")[:300]
+        raise SourceError(f"{url}: HTTP {exc.code} {body.strip()}") from None
+    except (urllib.error.URLError, OSError) as exc:
+        reason = getattr(exc, "reason", exc)
+        raise SourceError(f"cannot reach {url}: {reason}") from None
+
+
+class MetricsSource:
+    """Scrapes an agent directly; rates come from successive scrapes."""
+
+    def __init__(self, url: str = DEFAULT_URL, timeout: float = 5.0):
+        self.url = url
+        self.timeout = timeout
+        self.previous: Optional[Scrape] = None
+
+    def scrape(self) -> Scrape:
+        start = time.monotonic()
+        body = _get(self.url, self.timeout)
+        # The agent reads its maps while answering: the middle of the request
+        # is the best estimate of when the counters were read.
+        taken_at = (start + time.monotonic()) / 2
+        try:
+            return parse_metrics(body.decode(), taken_at)
+        except ValueError as exc:
+            raise SourceError(f"{self.url} did not answer Prometheus text: {exc}") from None
+
+    def poll(self) -> Optional[Snapshot]:
+        current = self.scrape()
+        previous, self.previous = self.previous, current
+        if previous is None:
+            return None
+        return snapshot(previous, current, self.url)
+
+
+IO_BY = ", ".join(("cgroup", "mountpoint", "fstype", *WORKLOAD_LABELS))
+# quantile fields: (row attribute, q, operations merged into one histogram)
+QUANTILES = (("latency_p50_seconds", 0.5, ("read", "write")),
+             ("latency_p99_seconds", 0.99, ("read", "write")),
+             ("read_latency_p99_seconds", 0.99, ("read",)),
+             ("write_latency_p99_seconds", 0.99, ("write",)))
+# row attribute <- the counter's current value, or its rate()
+TOTALS = (("read_bytes_total", "tracehound_io_read_bytes_total"),
+          ("write_bytes_total", "tracehound_io_write_bytes_total"))
+RATES = (("read_bytes_per_second", "tracehound_io_read_bytes_total"),
+         ("write_bytes_per_second", "tracehound_io_write_bytes_total"),
+         ("read_ops_per_second", "tracehound_io_read_requests_total"),
+         ("write_ops_per_second", "tracehound_io_write_requests_total"))
+# operations with an _errors_total counter, as the I/O collector exports them
+ERROR_OPS = ("read", "write", "open", "create", "unlink", "mkdir", "rmdir", "rename", "fsync")
+
+
+class PrometheusSource:
+    """PromQL instant queries against a Prometheus server's HTTP API.
+
+    Rows of a workload spread over several nodes are summed, so a Slurm job
+    shows once with the bandwidth of all its nodes."""
+
+    def __init__(self, base_url: str, window: str = "1m", selector: str = "",
+                 timeout: float = 10.0):
+        if not _DURATION.match(window):
+            raise SourceError(f"--window {window!r} is not a PromQL duration (e.g. 30s, 1m, 5m)")
+        self.base_url = base_url.rstrip("/")
+        self.window = window
+        self.selector = selector.strip().strip("{}").strip()
+        self.timeout = timeout
+
+    def _sel(self, name: str = "", name_regex: str = "") -> str:
+        matchers = [f'__name__=~"{name_regex}"'] if name_regex else []
+        if self.selector:
+            matchers.append(self.selector)
+        return name + "{" + ", ".join(matchers) + "}" if matchers else name
+
+    def query(self, expr: str) -> list:
+        """[(labels, value)] of an instant vector; NaN values are kept as NaN."""
+        url = f"{self.base_url}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
+        try:
+            doc = json.loads(_get(url, self.timeout))
+        except ValueError:
+            raise SourceError(f"{self.base_url} did not answer Prometheus API JSON") from None
+        if doc.get("status") != "success":
+            raise SourceError(f"query {expr!r} failed: {doc.get('error', doc)}")
+        data = doc.get("data", {})
+        if data.get("resultType") != "vector":
+            raise SourceError(f"query {expr!r} gave a {data.get('resultType')}, not a vector")
+        return [(r.get("metric", {}), float(r["value"][1])) for r in data.get("result", [])]
+
+    def _rate(self, name: str, by: str) -> list:
+        return self.query(f"sum by ({by}) (rate({self._sel(name)}[{self.window}]))")
+
+    def _quantile(self, q: float, ops: tuple) -> list:
+        def buckets(op):
+            # A named workload's cgroups merge into one histogram: blank the
+            # cgroup label of series that carry a workload name before
+            # summing, exactly the rule workload_identity() names rows by.
+            rated = f"rate({self._sel(f'tracehound_io_{op}_latency_seconds_bucket')}" \
+                    f"[{self.window}])"
+            named = f'label_join({rated}, "th_named", "", "job_id", "pod", "vm", "unit")'
+            keyed = f'label_replace({named}, "cgroup", "", "th_named", ".+")'
+            return f"sum by (le, {IO_BY}) ({keyed})"
+        # rate() over several metric names at once would leave series with
+        # equal label sets, which PromQL refuses; add them up instead, and
+        # keep the label sets only one side has
+        parts = [buckets(op) for op in ops]
+        merged = parts[0] if len(parts) == 1 else \
+            f"({' + '.join(parts)}) or " + " or ".join(parts)
+        return self.query(f"histogram_quantile({q}, {merged})")
+
+    def io_rows(self) -> list:
+        rows: dict = {}
+        for attr, name in TOTALS:
+            for labels, v in self.query(f"sum by ({IO_BY}) ({self._sel(name)})"):
+                row = io_row_for(rows, labels)
+                setattr(row, attr, getattr(row, attr) + v)
+        for attr, name in RATES:
+            for labels, v in self._rate(name, IO_BY):
+                row = io_row_for(rows, labels)
+                setattr(row, attr, getattr(row, attr) + v)
+        for op in ERROR_OPS:
+            for labels, v in self._rate(f"tracehound_io_{op}_errors_total", IO_BY):
+                io_row_for(rows, labels).errors_per_second += v
+        for attr, q, ops in QUANTILES:
+            for labels, v in self._quantile(q, ops):
+                if math.isnan(v) or math.isinf(v):
+                    continue
+                row = io_row_for(rows, labels)
+                old = getattr(row, attr)
+                # several results for one row only if two label sets share
+                # a name; the larger latency is the honest one to show
+                setattr(row, attr, v if old is None else max(old, v))
+        return list(rows.values())
+
+    def poll(self) -> Snapshot:
+        present = {labels.get("__name__", "") for labels, _ in self.query(
+            f"count by (__name__) ({self._sel(name_regex='tracehound_(rdma|gpu)_.+')})")}
+
+        def vector(name: str, expr: str):
+            return self.query(expr) if name in present else None
+
+        rdma = "tracehound_rdma_objects" in present or \
+            "tracehound_rdma_verb_calls_total" in present
+        gpu_by = "instance, gpu, uuid, model"
+        xids = "tracehound_gpu_xid_errors_total"
+        return Snapshot(
+            source=self.base_url,
+            io=self.io_rows(),
+            rdma_objects=rdma_object_rows(
+                self.query(f"sum by (cgroup, device, type) "
+                           f"({self._sel('tracehound_rdma_objects')})") if rdma else None),
+            rdma_errors=rdma_error_rows(
+                self.query(f"sum by (op, errno) ({self._sel('tracehound_rdma_verb_errors_total')})")
+                if rdma else None,
+                self._rate("tracehound_rdma_verb_errors_total", "op, errno") if rdma else []),
+            gpus=gpu_rows(
+                vector("tracehound_gpu_temperature_celsius",
+                       f"max by ({gpu_by}, sensor) "
+                       f"({self._sel('tracehound_gpu_temperature_celsius')})"),
+                vector("tracehound_gpu_clock_event_active",
+                       f"max by ({gpu_by}, reason) "
+                       f"({self._sel('tracehound_gpu_clock_event_active')})"),
+                vector(xids, f"sum by ({gpu_by}, xid) ({self._sel(xids)})"),
+                self._rate(xids, f"{gpu_by}, xid") if xids in present else [],
+                node_label="instance"),
+            window=self.window)

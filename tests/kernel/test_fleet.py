@@ -1,0 +1,293 @@
+"""A small fleet on one host: three agents, each in a network namespace of its
+own (its "node"), scraped by a real Prometheus with deploy/prometheus's scrape
+job and alerting rules, queried through tracehound.fleet.prometheus.
+
+All agents share this one kernel, so each of them counts every cgroup's I/O:
+node N's workload shows up under every node label. What must hold is that the
+series labelled node=N come from node N's agent, and that each workload's job
+or pod labels carry its exact bytes.
+"""
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+
+import pytest
+import yaml
+
+from tests.conftest import ROOT, tracehound_cmd
+from tests.kernel.conftest import run_in_cgroup
+from tracehound.fleet.prometheus import (
+    DetectionTimeout,
+    PrometheusError,
+    query,
+    wait_for,
+    wait_ready,
+)
+
+PROMETHEUS = "/usr/bin/prometheus"
+SCRAPE = os.path.join(ROOT, "deploy", "prometheus", "scrape.yml")
+RULES = os.path.join(ROOT, "deploy", "prometheus", "tracehound-rules.yml")
+MiB = 1 << 20
+POD_UID = "5f0c7e1a-2b3d-4c5e-8f90-a1b2c3d4e5f6"
+CONTAINER_ID = "c0ffee" * 10 + "beef"
+
+
+@dataclass
+class Node:
+    name: str
+    netns: str
+    veth: str
+    host_addr: str
+    addr: str
+    cgroup: str
+    written: int
+    proc: subprocess.Popen = None
+    log: str = ""
+
+    @property
+    def target(self):
+        return f"{self.addr}:9560"
+
+
+@dataclass
+class Fleet:
+    nodes: list
+    prometheus: str
+    slurm_jobs: dict
+    ghost_target: str
+
+
+def sh(*argv):
+    subprocess.run(argv, check=True, capture_output=True, text=True, timeout=30)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def start_agent(node: Node, hook_mode: str, pod_logs: str) -> None:
+    # nsenter, not `ip netns exec`: that would also unshare the mount namespace,
+    # and the agent would see other mount ids than the workloads' (mnt:<id> labels).
+    with open(node.log, "w") as out:
+        node.proc = subprocess.Popen(
+            ["nsenter", f"--net=/run/netns/{node.netns}", "--", *tracehound_cmd(), "run",
+             "--listen", node.target, "--hook-mode", hook_mode, "--pod-logs-dir", pod_logs],
+            stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with open(node.log) as f:
+            text = f.read()
+        if "tracehound: gpu:" in text:   # the last start-up line
+            return
+        if node.proc.poll() is not None:
+            break
+        time.sleep(0.2)
+    pytest.fail(f"agent of {node.name} did not start:\n{text}")
+
+
+def stop(proc: subprocess.Popen) -> None:
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def write_pod_logs(base: str) -> str:
+    """The kubelet's log layout for pod ml/trainer-0, container worker."""
+    pods = os.path.join(base, "pods")
+    log = os.path.join(pods, f"ml_trainer-0_{POD_UID}", "worker", "0.log")
+    os.makedirs(os.path.dirname(log))
+    open(log, "w").close()
+    containers = os.path.join(base, "containers")
+    os.makedirs(containers)
+    os.symlink(log, os.path.join(containers, f"trainer-0_ml_worker-{CONTAINER_ID}.log"))
+    return pods
+
+
+def prometheus_config(nodes, ghost_target: str) -> dict:
+    """deploy/prometheus/scrape.yml's bare-metal job, pointed at this fleet."""
+    with open(SCRAPE) as f:
+        job = next(j for j in yaml.safe_load(f)["scrape_configs"] if j["job_name"] == "tracehound")
+    job["scrape_interval"] = job["scrape_timeout"] = "1s"
+    job["static_configs"] = [{"targets": [n.target], "labels": {"node": n.name}} for n in nodes]
+    # no node label: the job's relabelling names it after the host
+    job["static_configs"].append({"targets": [ghost_target]})
+    return {"global": {"evaluation_interval": "1s"}, "rule_files": [RULES],
+            "scrape_configs": [job]}
+
+
+@pytest.fixture(scope="module")
+def fleet(cgroup_root, tmpfs, hook_mode):
+    for tool in ("ip", "nsenter"):
+        if shutil.which(tool) is None:
+            pytest.skip(f"{tool} is not installed")
+    if not os.access(PROMETHEUS, os.X_OK):
+        pytest.fail(f"{PROMETHEUS} is missing: apt-get install prometheus "
+                    "(scripts/install --dev does)")
+    token = uuid.uuid4().hex[:6]
+    tmp = tempfile.mkdtemp(prefix="thtest-fleet-")
+    subnet = f"10.231.{int(token[:2], 16)}"
+    base = f"/thtest/fleet-{token}"
+    jobs = {"node1": str(700000 + int(token[2:4], 16)), "node3": str(800000 + int(token[4:], 16))}
+    slurm = "slurmstepd.scope/job_{}/step_0/user/task_0"
+    nodes = [
+        Node("node1", f"thtest-node1-{token}", f"thv1{token}", f"{subnet}.1", f"{subnet}.2",
+             f"{base}/node1/" + slurm.format(jobs["node1"]), 1 * MiB + 101),
+        Node("node2", f"thtest-node2-{token}", f"thv2{token}", f"{subnet}.5", f"{subnet}.6",
+             f"{base}/node2/kubepods/besteffort/pod{POD_UID}/{CONTAINER_ID}", 2 * MiB + 202),
+        Node("node3", f"thtest-node3-{token}", f"thv3{token}", f"{subnet}.9", f"{subnet}.10",
+             f"{base}/node3/" + slurm.format(jobs["node3"]), 3 * MiB + 303),
+    ]
+    prom = None
+    try:
+        pod_logs = write_pod_logs(tmp)
+        for n in nodes:
+            n.log = os.path.join(tmp, f"{n.name}.log")
+            sh("ip", "netns", "add", n.netns)
+            sh("ip", "link", "add", n.veth, "type", "veth", "peer", "name", "eth0",
+               "netns", n.netns)
+            sh("ip", "addr", "add", f"{n.host_addr}/30", "dev", n.veth)
+            sh("ip", "link", "set", n.veth, "up")
+            sh("ip", "-n", n.netns, "addr", "add", f"{n.addr}/30", "dev", "eth0")
+            sh("ip", "-n", n.netns, "link", "set", "eth0", "up")
+            sh("ip", "-n", n.netns, "link", "set", "lo", "up")
+            os.makedirs(cgroup_root + n.cgroup)
+        for n in nodes:
+            start_agent(n, hook_mode, pod_logs)
+        ghost = f"127.0.0.1:{free_port()}"     # nothing listens there
+        config = os.path.join(tmp, "prometheus.yml")
+        with open(config, "w") as f:
+            yaml.safe_dump(prometheus_config(nodes, ghost), f)
+        url = f"http://127.0.0.1:{free_port()}"
+        with open(os.path.join(tmp, "prometheus.log"), "w") as out:
+            prom = subprocess.Popen(
+                [PROMETHEUS, f"--config.file={config}",
+                 f"--storage.tsdb.path={os.path.join(tmp, 'data')}",
+                 f"--web.listen-address={url[len('http://'):]}", "--log.level=warn"],
+                stdout=out, stderr=subprocess.STDOUT)
+        try:
+            wait_ready(url, timeout=60)
+        except DetectionTimeout:
+            with open(os.path.join(tmp, "prometheus.log")) as f:
+                pytest.fail(f"Prometheus did not start:\n{f.read()}")
+        for n in nodes:
+            f = os.path.join(tmpfs, f"fleet-{token}-{n.name}")
+            assert run_in_cgroup(cgroup_root, n.cgroup, [["write", f, n.written, 65536],
+                                                         ["read", f, 65536]]) == [n.written] * 2
+            os.unlink(f)
+        yield Fleet(nodes, url, jobs, ghost)
+    finally:
+        stop(prom)
+        for n in nodes:
+            stop(n.proc)
+            # deleting the namespace deletes both ends of its veth pair
+            subprocess.run(["ip", "netns", "del", n.netns], capture_output=True)
+            subprocess.run(["ip", "link", "del", n.veth], capture_output=True)
+        for path in sorted((cgroup_root + base + p for p in _ancestors(nodes, base)),
+                           key=len, reverse=True):
+            try:
+                os.rmdir(path)
+            except OSError:
+                pass
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _ancestors(nodes, base):
+    """Every directory from base down to each node's cgroup, relative to base."""
+    out = {""}
+    for n in nodes:
+        parts = n.cgroup[len(base):].strip("/").split("/")
+        out.update("/" + "/".join(parts[:i]) for i in range(1, len(parts) + 1))
+    return out
+
+
+def one_value(url, promql) -> float:
+    samples = query(url, promql)
+    assert len(samples) == 1, (promql, samples)
+    return samples[0].value
+
+
+def test_every_node_is_scraped_under_its_own_name(fleet):
+    expected = {n.name: n.target for n in fleet.nodes}
+    samples, _ = wait_for(fleet.prometheus, 'up{job="tracehound"} == 1',
+                          lambda s: len(s) == len(expected), timeout=30)
+    assert {s.labels["node"]: s.labels["instance"] for s in samples} == expected
+    # a target without a node label is named by the scrape job's relabelling
+    host = fleet.ghost_target.split(":")[0]
+    ghost, _ = wait_for(fleet.prometheus, f'up{{job="tracehound", node="{host}"}} == 0',
+                        timeout=30)
+    assert ghost[0].labels["instance"] == fleet.ghost_target
+
+
+def test_each_node_reports_its_workload_with_exact_bytes(fleet):
+    url = fleet.prometheus
+    for n in fleet.nodes:
+        # every agent sees every cgroup; wait until all nodes have scraped this one's bytes
+        per_node, _ = wait_for(
+            url, f'sum by (node) (tracehound_io_write_bytes_total{{cgroup="{n.cgroup}"}})',
+            lambda s: len(s) == 3 and all(x.value == n.written for x in s), timeout=30)
+        assert {s.labels["node"] for s in per_node} == {"node1", "node2", "node3"}
+    for name in ("node1", "node3"):
+        n = next(x for x in fleet.nodes if x.name == name)
+        job = fleet.slurm_jobs[name]
+        labels = f'node="{name}", workload="slurm", job_id="{job}", step="0", task="0"'
+        assert one_value(url, f"sum(tracehound_io_write_bytes_total{{{labels}}})") == n.written
+        assert one_value(url, f"sum(tracehound_io_read_bytes_total{{{labels}}})") == n.written
+        info = query(url, f'tracehound_workload_info{{node="{name}", job_id="{job}"}}')
+        assert [s.labels["cgroup"] for s in info] == [n.cgroup]
+    pod = next(x for x in fleet.nodes if x.name == "node2")
+    labels = ('node="node2", workload="kubernetes", namespace="ml", pod="trainer-0", '
+              'container="worker"')
+    assert one_value(url, f"sum(tracehound_io_write_bytes_total{{{labels}}})") == pod.written
+    assert one_value(url, f"sum(tracehound_io_read_bytes_total{{{labels}}})") == pod.written
+    # the agents share the host's mount namespace: the tmpfs is named, not mnt:<id>
+    mounts = query(url, f'count by (mountpoint) (tracehound_io_write_bytes_total{{{labels}}})')
+    assert [s.labels["mountpoint"] for s in mounts] != [] and not any(
+        s.labels["mountpoint"].startswith("mnt:") for s in mounts)
+
+
+def test_rules_load_and_see_probe_modes(fleet):
+    degraded = query(fleet.prometheus, 'tracehound_probe_info{mode!="fentry"}')
+    want = {s.labels["node"] for s in degraded}
+    if not want:
+        pytest.skip("every probe runs in fentry mode here: nothing is degraded")
+    alerts, _ = wait_for(fleet.prometheus,
+                         'ALERTS{alertname="TracehoundProbeDegraded", severity="info"}',
+                         lambda s: {x.labels["node"] for x in s} == want, timeout=30)
+    assert {s.labels["alertstate"] for s in alerts} == {"pending"}   # for: 15m
+
+
+def test_query_errors_are_reported(fleet):
+    with pytest.raises(PrometheusError) as bad:
+        query(fleet.prometheus, "sum(")
+    assert not bad.value.retryable and "bad_data" in str(bad.value)
+    with pytest.raises(DetectionTimeout) as late:
+        wait_for(fleet.prometheus, 'up{node="node-that-does-not-exist"}', timeout=1)
+    assert late.value.last == [] and late.value.seconds >= 1
+
+
+def test_stopped_agent_raises_agent_down(fleet):
+    """Last in this module: it stops node3's agent."""
+    node3 = fleet.nodes[2]
+    started = time.monotonic()
+    stop(node3.proc)
+    alerts, seconds = wait_for(
+        fleet.prometheus, 'ALERTS{alertname="TracehoundAgentDown", node="node3"}',
+        timeout=30, started=started)
+    (alert,) = alerts
+    assert alert.labels["alertstate"] == "pending"     # it fires after for: 5m
+    assert alert.labels["instance"] == node3.target and alert.labels["severity"] == "warning"
+    assert seconds < 30
+    assert one_value(fleet.prometheus, 'up{node="node1"}') == 1
