@@ -32,12 +32,13 @@ class AgentConfig:
     max_series: int = 10000
     pod_logs_dir: str = "/var/log/pods"
     kubelet_url: str | None = None
+    mountinfo: str = "/proc/self/mountinfo"
 
 
 class Agent:
     def __init__(self, config: AgentConfig):
         self.config = config
-        self.mounts = MountTable()
+        self.mounts = MountTable(config.mountinfo)
         root = self.mounts.cgroup2_root()
         if root is None:
             raise SetupError("no cgroup v2 hierarchy is mounted: mount one "

@@ -55,6 +55,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--kubelet-url", metavar="URL",
                      help="also ask the kubelet's /pods endpoint for pod and container names, "
                           "e.g. https://127.0.0.1:10250/pods (off by default)")
+    run.add_argument("--mountinfo", default="/proc/self/mountinfo", metavar="PATH",
+                     help="mount table to label mounts with (default: the agent's own); in a "
+                          "container with the host's PID namespace use /proc/1/mountinfo")
     run.add_argument("--max-series", type=int, default=10000, metavar="N",
                      help="most label sets per metric family; the rest are summed into one "
                           "series labelled __overflow__ (default 10000, 0: no limit)")
@@ -86,7 +89,8 @@ def main(argv: list[str] | None = None) -> int:
                 raise TracehoundError("--max-series must be 0 (no limit) or more")
             skip = () if args.count_all_fstypes else args.skip_fstypes
             return run(AgentConfig(args.listen, args.hook_mode, skip, args.max_entries,
-                                   args.max_series, args.pod_logs_dir, args.kubelet_url))
+                                   args.max_series, args.pod_logs_dir, args.kubelet_url,
+                                   mountinfo=args.mountinfo))
         if args.command == "doctor":
             from .doctor import doctor
             return doctor(args.hook_mode)

@@ -55,9 +55,9 @@ class Agent:
         return out
 
 
-def start_agent(hook_mode: str, *extra: str) -> Agent:
-    proc = subprocess.Popen(tracehound_cmd() + ["run", "--listen", "127.0.0.1:0",
-                                                "--hook-mode", hook_mode, *extra],
+def start_agent(hook_mode: str, *extra: str, wrapper: tuple[str, ...] = ()) -> Agent:
+    proc = subprocess.Popen([*wrapper, *tracehound_cmd(), "run", "--listen", "127.0.0.1:0",
+                             "--hook-mode", hook_mode, *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
     deadline = time.monotonic() + 60

@@ -40,3 +40,23 @@ def test_full_map_is_counted_not_silent(hook_mode, cgroup_root, tmpfs):
         stop_agent(a)
         for d in made:
             os.rmdir(d)
+
+
+@pytest.mark.parametrize("mountinfo", ["own", "host"])
+def test_agent_in_its_own_mount_namespace(hook_mode, cgroup_root, cgroup, tmpfs, mountinfo):
+    """Like a containerised agent: its own mount namespace has other mount
+    ids, so mounts can only be named from the host's table (--mountinfo)."""
+    extra = ("--mountinfo", f"/proc/{os.getpid()}/mountinfo") if mountinfo == "host" else ()
+    a = start_agent(hook_mode, *extra, wrapper=("unshare", "--mount"))
+    try:
+        size = 12_345
+        assert run_in_cgroup(cgroup_root, cgroup, [
+            ["write", os.path.join(tmpfs, "own-ns"), size, 4096]]) == [size]
+        m = a.scrape()
+        named = series(m, "tracehound_io_write_bytes_total", cgroup=cgroup, mountpoint=tmpfs,
+                       fstype="tmpfs")
+        total = series(m, "tracehound_io_write_bytes_total", cgroup=cgroup)
+        assert total == size
+        assert named == (size if mountinfo == "host" else 0)
+    finally:
+        stop_agent(a)

@@ -76,7 +76,9 @@ class MountTable:
         return True
 
     def mount_namespace_inode(self) -> int:
-        return os.stat("/proc/self/ns/mnt").st_ino
+        """The mount namespace the table describes: that of the process whose
+        mountinfo it reads (/proc/1/... for the host's, from a container)."""
+        return os.stat(os.path.join(os.path.dirname(self.path), "ns", "mnt")).st_ino
 
     def cgroup2_root(self) -> str | None:
         for m in self.mounts:
