@@ -32,6 +32,8 @@ from pathlib import Path
 
 from overhead_report import CONDITIONS, write_reports
 
+from tracehound.progress import steps
+
 from tracehound.host.mounts import MountTable
 
 HERE = Path(__file__).resolve().parent
@@ -196,23 +198,23 @@ def run_fio(cmd: list[str]) -> dict:
 
 def throughput(args, tools: dict[str, Tool | None], fio: list[str]) -> dict:
     iops = {c: [] for c in CONDITIONS}
-    for r in range(args.rounds):
-        # rotate the order each round so no condition always runs first
-        k = r % len(CONDITIONS)
-        order = CONDITIONS[k:] + CONDITIONS[:k]
-        for cond in order:
-            tool = tools[cond]
-            if tool:
-                tool.start()
-            try:
-                res = run_fio(fio)
+    with steps(args.rounds * len(CONDITIONS), "throughput") as bar:
+        for r in range(args.rounds):
+            # rotate the order each round so no condition always runs first
+            k = r % len(CONDITIONS)
+            for cond in CONDITIONS[k:] + CONDITIONS[:k]:
+                tool = tools[cond]
                 if tool:
-                    tool.check_alive()
-            finally:
-                if tool:
-                    tool.stop()
-            iops[cond].append(res["iops"])
-            log(f"round {r + 1}/{args.rounds} {cond:<10} {res['iops']:>10.0f} IOPS")
+                    tool.start()
+                try:
+                    res = run_fio(fio)
+                    if tool:
+                        tool.check_alive()
+                finally:
+                    if tool:
+                        tool.stop()
+                iops[cond].append(res["iops"])
+                bar.advance(f"round {r + 1}/{args.rounds} {cond:<10} {res['iops']:>10.0f} IOPS")
     base = statistics.median(iops["baseline"])
     out = {}
     for cond, v in iops.items():
