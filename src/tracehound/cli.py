@@ -16,7 +16,7 @@ from .host.mounts import DEFAULT_SKIP_FSTYPES
 # Each of these modules adds its own sub-command: add_parser(subparsers)
 # registers it with set_defaults(handler=fn), and fn(args) -> exit code runs
 # it. Keep their imports light: they run for every command line.
-COMMAND_MODULES: list[str] = ["tracehound.top.cli"]
+COMMAND_MODULES: list[str] = ["tracehound.top.cli", "tracehound.chaos.cli"]
 
 
 def _fstypes(value: str) -> tuple[str, ...]:

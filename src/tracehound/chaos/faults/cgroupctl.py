@@ -1,0 +1,96 @@
+"""cgroup v2 controller files the faults write (io.max, rdma.max), with the
+bookkeeping that makes each write exactly reversible.
+
+A keyed file such as io.max holds one line per key ("254:0 rbps=max
+wbps=1048576 ..."): rollback writes back the line that was there, or the
+"unlimited" line that makes the kernel drop it. A controller is only
+usable in a cgroup when every ancestor lists it in cgroup.subtree_control;
+the ancestors where this fault had to add it are remembered and cleared
+again on rollback, deepest first.
+"""
+from __future__ import annotations
+
+import errno
+import os
+
+from . import FaultError
+
+
+def controllers(directory: str) -> set[str]:
+    """Controllers available to children of this cgroup."""
+    try:
+        with open(os.path.join(directory, "cgroup.controllers")) as f:
+            return set(f.read().split())
+    except OSError:
+        return set()
+
+
+def subtree_control(directory: str) -> set[str]:
+    try:
+        with open(os.path.join(directory, "cgroup.subtree_control")) as f:
+            return set(f.read().split())
+    except OSError:
+        return set()
+
+
+def ancestors_to_enable(root: str, target: str, controller: str) -> list[str]:
+    """Directories from the root down to target's parent that lack the
+    controller in cgroup.subtree_control (top first)."""
+    root = os.path.normpath(root)
+    target = os.path.normpath(target)
+    rel = os.path.relpath(target, root)
+    if rel.startswith(".."):
+        raise FaultError(f"{target} is not below the cgroup root {root}")
+    if controller not in controllers(root):
+        raise FaultError(f"the {controller} controller is not available in the cgroup v2 "
+                         f"hierarchy at {root} (bound to a v1 hierarchy, or not built in)")
+    chain = [root]
+    for part in rel.split(os.sep)[:-1] if rel != "." else []:
+        chain.append(os.path.join(chain[-1], part))
+    return [d for d in chain if controller not in subtree_control(d)]
+
+
+def enable(directories: list[str], controller: str) -> None:
+    for d in directories:
+        _write(os.path.join(d, "cgroup.subtree_control"), f"+{controller}")
+
+
+def disable(directories: list[str], controller: str) -> list[str]:
+    """Clear the controller where it was added, deepest first; returns what
+    could not be cleared (a child enabled it meanwhile)."""
+    failed = []
+    for d in reversed(directories):
+        if not os.path.isdir(d) or controller not in subtree_control(d):
+            continue
+        try:
+            _write(os.path.join(d, "cgroup.subtree_control"), f"-{controller}")
+        except FaultError as exc:
+            failed.append(str(exc))
+    return failed
+
+
+def read_keyed(path: str) -> dict[str, str]:
+    """{key: whole line} of a keyed controller file."""
+    try:
+        with open(path) as f:
+            lines = [ln.strip() for ln in f if ln.strip()]
+    except FileNotFoundError:
+        return {}
+    except OSError as exc:
+        raise FaultError(f"cannot read {path}: {exc.strerror}") from None
+    return {ln.split()[0]: ln for ln in lines}
+
+
+def write_line(path: str, line: str) -> None:
+    _write(path, line)
+
+
+def _write(path: str, text: str) -> None:
+    try:
+        with open(path, "w") as f:
+            f.write(text)
+    except OSError as exc:
+        hint = ""
+        if exc.errno == errno.ENOENT:
+            hint = " (controller not enabled for this cgroup?)"
+        raise FaultError(f"cannot write '{text}' to {path}: {exc.strerror}{hint}") from None

@@ -1,0 +1,300 @@
+"""GPU faults: burn (matmul loop with a result check), memory exhaustion,
+DCGM field injection, NCCL misconfiguration of a launched job.
+
+Burn and memory run in a child process (python -m this module) carrying the
+fault's marker in its environment, so a rollback, or a recovery after a
+crash, finds and ends it. The child writes its progress to a JSON file that
+the report reads.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+from . import Arg, Availability, Detection, Fault, FaultError, Prepared
+from .proc import MARKER, _kill_marked
+from .targets import run_cmd
+
+NCCL_MODES = {
+    "ib_disable": {"NCCL_IB_DISABLE": "1"},
+    "wrong_ifname": {"NCCL_SOCKET_IFNAME": "tracehound-no-such-if0"},
+    "tiny_ib_timeout": {"NCCL_IB_TIMEOUT": "1"},
+}
+
+
+def backend():
+    """(name, module) of an importable array library with a CUDA device."""
+    try:
+        import torch
+        if torch.cuda.is_available() and torch.cuda.device_count() > 0:
+            return "torch", torch
+    except ImportError:
+        pass
+    try:
+        import cupy
+        if cupy.cuda.runtime.getDeviceCount() > 0:
+            return "cupy", cupy
+    except Exception:  # ImportError, or CUDA errors without a driver
+        pass
+    return None, None
+
+
+def _gpu_availability() -> Availability:
+    name, _ = backend()
+    if name is None:
+        return Availability(False, "no PyTorch or CuPy with a CUDA device here")
+    return Availability(True, f"{name} with a CUDA device")
+
+
+def _write(path: str, data: dict) -> None:
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(data, f)
+    os.replace(tmp, path)
+
+
+def burn(device: int, seconds: float, size: int, result_path: str) -> dict:
+    """Multiply two random matrices until time is up, checking every result
+    against the first one: a GPU that computes wrong answers under load is
+    the fault this finds, not just heat."""
+    name, lib = backend()
+    if name is None:
+        raise RuntimeError("no PyTorch or CuPy with a CUDA device")
+    if name == "torch":
+        dev = f"cuda:{device}"
+        a, b = lib.randn(size, size, device=dev), lib.randn(size, size, device=dev)
+        sync = lambda: lib.cuda.synchronize(dev)  # noqa: E731
+    else:
+        lib.cuda.Device(device).use()
+        a, b = lib.random.rand(size, size), lib.random.rand(size, size)
+        sync = lambda: lib.cuda.Device(device).synchronize()  # noqa: E731
+    reference = a @ b
+    sync()
+    result = {"backend": name, "device": device, "size": size, "iterations": 0,
+              "mismatches": 0}
+    deadline = time.monotonic() + seconds
+    last_write = 0.0
+    while time.monotonic() < deadline:
+        c = a @ b
+        sync()
+        result["iterations"] += 1
+        if not lib.allclose(c, reference, rtol=1e-5, atol=1e-5):
+            result["mismatches"] += 1
+        if time.monotonic() - last_write > 1.0:
+            _write(result_path, result)
+            last_write = time.monotonic()
+    _write(result_path, result)
+    return result
+
+
+def hold_memory(device: int, nbytes: int | None, fraction: float, result_path: str,
+                seconds: float) -> dict:
+    """Allocate and touch GPU memory, then hold it until killed or time is up."""
+    name, lib = backend()
+    if name is None:
+        raise RuntimeError("no PyTorch or CuPy with a CUDA device")
+    if name == "torch":
+        free, _total = lib.cuda.mem_get_info(device)
+        want = nbytes if nbytes else int(free * fraction)
+        block = lib.empty(want, dtype=lib.uint8, device=f"cuda:{device}")
+        block.fill_(1)
+    else:
+        lib.cuda.Device(device).use()
+        free, _total = lib.cuda.runtime.memGetInfo()
+        want = nbytes if nbytes else int(free * fraction)
+        block = lib.ones(want, dtype=lib.uint8)
+    result = {"backend": name, "device": device, "bytes_held": want, "free_before": free}
+    _write(result_path, result)
+    time.sleep(seconds)
+    del block
+    return result
+
+
+class _GpuChild(Fault):
+    """A fault carried out by a child process that rollback ends."""
+    where = "gpu"
+
+    def availability(self):
+        return _gpu_availability()
+
+    def _child(self, fault_id: str, task: str, params: dict, target: str) -> Prepared:
+        avail = self.availability()
+        if not avail.ok:
+            raise FaultError(f"not available here: {avail.reason}")
+        result = os.path.join(tempfile.gettempdir(), f"tracehound-chaos-{fault_id}.json")
+        argv = [sys.executable, "-m", __name__, task, json.dumps({**params,
+                                                                  "result_path": result})]
+        return Prepared([target], {"argv": argv, "marker": fault_id, "result": result})
+
+    def apply(self, state):
+        env = dict(os.environ, **{MARKER: state["marker"]})
+        proc = subprocess.Popen(state["argv"], env=env, start_new_session=True,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+        return {"pid": proc.pid}
+
+    def observe(self, state):
+        try:
+            with open(state["result"]) as f:
+                return json.load(f)
+        except (OSError, ValueError):
+            return {}
+
+    def rollback(self, state):
+        _kill_marked(state["marker"], state.get("pid"))
+        for path in (state["result"], state["result"] + ".tmp"):
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+        return None
+
+
+class GpuBurn(_GpuChild):
+    name = "gpu.burn"
+    summary = "matmul loop on one GPU with a result check (PyTorch or CuPy)"
+    destructive = False
+    args = {"device": Arg(int, "CUDA device index", default=0, minimum=0),
+            "seconds": Arg(float, "how long to burn at most", default=60, minimum=1,
+                           maximum=86400),
+            "size": Arg(int, "matrix side", default=8192, minimum=64, maximum=65536)}
+
+    def prepare(self, args, fault_id):
+        return self._child(fault_id, "burn", {"device": args["device"], "size": args["size"],
+                                              "seconds": args["seconds"]},
+                           f"GPU {args['device']}")
+
+    def detection(self, args, state=None):
+        q = f'tracehound_gpu_utilization_ratio{{gpu="{args.get("device", 0)}",engine="gpu"}}'
+        return Detection(query=q, signal="value", predicate="> 0.9", promql=q,
+                         note="GPU utilization above 90%")
+
+
+class GpuMemory(_GpuChild):
+    name = "gpu.memory"
+    summary = "allocate and hold most of a GPU's free memory"
+    args = {"device": Arg(int, "CUDA device index", default=0, minimum=0),
+            "bytes": Arg(int, "bytes to hold (default: fraction of free memory)", minimum=1),
+            "fraction": Arg(float, "share of free memory to hold", default=0.95,
+                            minimum=0.01, maximum=1.0),
+            "seconds": Arg(float, "hold at most this long", default=600, minimum=1,
+                           maximum=86400)}
+
+    def prepare(self, args, fault_id):
+        return self._child(fault_id, "memory", {"device": args["device"],
+                                                "nbytes": args.get("bytes"),
+                                                "fraction": args["fraction"],
+                                                "seconds": args["seconds"]},
+                           f"GPU {args['device']}")
+
+    def detection(self, args, state=None):
+        q = f'tracehound_gpu_memory_used_bytes{{gpu="{args.get("device", 0)}"}}'
+        return Detection(query=q, signal="increase", predicate="> 100000000",
+                         promql=f"delta({q}[1m])",
+                         note="frame-buffer memory in use grows by more than 100 MB")
+
+
+class DcgmInject(Fault):
+    name = "gpu.dcgm_inject"
+    summary = "inject a DCGM field value (dcgmi test --inject)"
+    where = "gpu"
+    args = {"gpu": Arg(int, "GPU id in DCGM", default=0, minimum=0),
+            "field": Arg(int, "DCGM field id (e.g. 230 = XID errors)", required=True),
+            "value": Arg((int, float, str), "value to inject", required=True),
+            "restore": Arg((int, float, str), "value injected on rollback (DCGM cannot "
+                                              "clear an injected value)", required=True)}
+
+    def availability(self):
+        if shutil.which("dcgmi"):
+            return Availability(True)
+        return Availability(False, "dcgmi (DCGM) is not installed here")
+
+    def prepare(self, args, fault_id):
+        if not shutil.which("dcgmi"):
+            raise FaultError("not available here: dcgmi (DCGM) is not installed")
+        return Prepared([f"DCGM gpu {args['gpu']} field {args['field']}"],
+                        {"gpu": args["gpu"], "field": args["field"], "value": args["value"],
+                         "restore": args["restore"]})
+
+    def _inject(self, state, value):
+        run_cmd(["dcgmi", "test", "--inject", "--gpuid", str(state["gpu"]), "-f",
+                 str(state["field"]), "-v", str(value)])
+
+    def apply(self, state):
+        self._inject(state, state["value"])
+        return None
+
+    def rollback(self, state):
+        self._inject(state, state["restore"])
+        return None
+
+    def detection(self, args, state=None):
+        return Detection(note="tracehound reads NVML, not DCGM: injected DCGM values are "
+                              "visible only to DCGM consumers")
+
+
+class NcclFault(Fault):
+    name = "gpu.nccl"
+    summary = "launch a job with NCCL misconfigured (IB off, wrong interface, tiny timeout)"
+    destructive = False
+    where = "gpu"
+    args = {"command": Arg(list, "the job to launch, as an argument list", required=True),
+            "mode": Arg(str, "which NCCL fault", required=True, choices=tuple(NCCL_MODES)),
+            "env": Arg(dict, "more environment for the job"),
+            "log": Arg(str, "file for the job's output", default="")}
+
+    def check(self, args):
+        if not args["command"]:
+            return ["command must not be empty"]
+        return []
+
+    def prepare(self, args, fault_id):
+        if not shutil.which(str(args["command"][0])):
+            raise FaultError(f"{args['command'][0]} is not on PATH")
+        env = {**NCCL_MODES[args["mode"]], **{k: str(v) for k, v in
+                                             (args.get("env") or {}).items()}}
+        log = args.get("log") or os.path.join(tempfile.gettempdir(),
+                                              f"tracehound-chaos-{fault_id}.log")
+        return Prepared([" ".join(map(str, args["command"]))],
+                        {"argv": [str(x) for x in args["command"]], "env": env, "log": log,
+                         "marker": fault_id})
+
+    def apply(self, state):
+        env = dict(os.environ, **state["env"], **{MARKER: state["marker"]})
+        with open(state["log"], "ab") as log:
+            proc = subprocess.Popen(state["argv"], env=env, start_new_session=True,
+                                    stdin=subprocess.DEVNULL, stdout=log, stderr=log)
+        return {"pid": proc.pid}
+
+    def rollback(self, state):
+        _kill_marked(state["marker"], state.get("pid"))
+        return None
+
+    def detection(self, args, state=None):
+        return Detection(note="tracehound has no NCCL signal: the job's own exit status "
+                              "and log show the failure")
+
+
+FAULTS = [GpuBurn(), GpuMemory(), DcgmInject(), NcclFault()]
+
+
+def main(argv: list[str]) -> int:
+    task, params = argv[0], json.loads(argv[1])
+    if task == "burn":
+        burn(params["device"], params["seconds"], params["size"], params["result_path"])
+    elif task == "memory":
+        hold_memory(params["device"], params.get("nbytes"), params["fraction"],
+                    params["result_path"], params["seconds"])
+    else:
+        print(f"unknown task {task}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

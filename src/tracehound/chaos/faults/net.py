@@ -1,0 +1,197 @@
+"""Network faults on one interface: packet loss, corruption, delay.
+
+With sch_netem in the kernel they are a netem root qdisc. Without it, loss
+and corruption come from a tc BPF classifier (netfault.bpf.c) on a clsact
+qdisc; delay has no safe substitute (earliest-departure-time pacing needs
+the fq qdisc, which such kernels usually lack too) and says so.
+"""
+from __future__ import annotations
+
+import json
+import os
+import platform
+
+from . import Arg, Availability, Detection, Fault, FaultError, Prepared
+from .targets import netns_prefix, run_cmd
+
+BPF_PRIORITY_BASE = 49100
+_live: dict[str, object] = {}      # fault id -> loaded NetfaultProgram, while applied
+_counters: dict[str, dict] = {}
+
+
+def netem_available() -> bool:
+    if os.path.exists("/sys/module/sch_netem"):
+        return True
+    release = platform.release()
+    for name in ("modules.builtin", "modules.dep"):
+        try:
+            with open(f"/lib/modules/{release}/{name}") as f:
+                if "sch_netem" in f.read():
+                    return True
+        except OSError:
+            continue
+    return False
+
+
+def _tc(netns: str | None, *args: str):
+    return run_cmd(netns_prefix(netns) + ["tc", *args])
+
+
+def _tc_json(netns: str | None, *args: str) -> list:
+    out = _tc(netns, "-j", *args).stdout.strip()
+    return json.loads(out) if out else []
+
+
+def _link_exists(netns: str | None, ifname: str) -> bool:
+    if netns and not os.path.exists(f"/run/netns/{netns}"):
+        return False
+    try:
+        run_cmd(netns_prefix(netns) + ["ip", "link", "show", "dev", ifname])
+        return True
+    except FaultError:
+        return False
+
+
+def _net_args(extra: dict) -> dict:
+    return {
+        "interface": Arg(str, "network interface", required=True),
+        "netns": Arg(str, "named network namespace (ip netns) holding the interface"),
+        "allow_host_netns": Arg(bool, "allow an interface of the host's own namespace "
+                                      "(it may cut this machine off)", default=False),
+        "method": Arg(str, "netem qdisc, tc BPF classifier, or auto (netem if the kernel "
+                           "has it)", default="auto", choices=("auto", "netem", "bpf")),
+        **extra,
+    }
+
+
+class NetFault(Fault):
+    def __init__(self, kind: str, summary: str, extra: dict):
+        self.kind = kind
+        self.name = f"net.{kind}"
+        self.summary = summary
+        self.args = _net_args(extra)
+
+    def check(self, args):
+        problems = []
+        if self.kind == "delay" and args.get("method") == "bpf":
+            problems.append("delay has no BPF implementation: use method netem or auto")
+        if self.kind == "delay" and args.get("direction", "egress") != "egress":
+            problems.append("netem delays egress only")
+        return problems
+
+    def availability(self):
+        if netem_available():
+            return Availability(True, "tc netem")
+        if self.kind == "delay":
+            return Availability(False, "needs sch_netem, which this kernel lacks (no BPF "
+                                       "substitute: EDT pacing needs sch_fq)")
+        return Availability(True, "tc BPF classifier (no sch_netem in this kernel)")
+
+    def _method(self, args) -> str:
+        method = args.get("method", "auto")
+        if method == "auto":
+            method = "netem" if netem_available() else "bpf"
+        if method == "bpf" and self.kind == "delay":
+            raise FaultError("not available here: delay needs sch_netem")
+        return method
+
+    def prepare(self, args, fault_id):
+        netns, ifname = args.get("netns"), args["interface"]
+        if not netns and not args.get("allow_host_netns"):
+            raise FaultError(f"refusing to degrade {ifname} in the host's own network "
+                             "namespace: give netns, or set allow_host_netns: true")
+        if not _link_exists(netns, ifname):
+            raise FaultError(f"no interface {ifname}"
+                             + (f" in network namespace {netns}" if netns else ""))
+        method = self._method(args)
+        where = f"{ifname}" + (f" (netns {netns})" if netns else "")
+        state = {"method": method, "netns": netns, "interface": ifname, "fault_id": fault_id,
+                 "kind": self.kind, "percent": args.get("percent", 0),
+                 "delay_ms": args.get("delay_ms"), "jitter_ms": args.get("jitter_ms", 0)}
+        if method == "netem":
+            qdiscs = _tc_json(netns, "qdisc", "show", "dev", ifname, "root")
+            root = next((q for q in qdiscs if q.get("root")), None)
+            if root and root.get("handle") not in ("0:", None) and root.get("kind") != "noqueue":
+                raise FaultError(f"{ifname} has a configured root qdisc ({root.get('kind')}); "
+                                 "refusing to replace it")
+            return Prepared([where], state)
+        direction = args.get("direction", "egress")
+        filters = _tc_json(netns, "filter", "show", "dev", ifname, direction)
+        used = {f.get("pref") for f in filters}
+        priority = next(p for p in range(BPF_PRIORITY_BASE, BPF_PRIORITY_BASE + 1000)
+                        if p not in used)
+        qdiscs = _tc_json(netns, "qdisc", "show", "dev", ifname)
+        state.update(direction=direction, priority=priority, handle=1,
+                     clsact_existed=any(q.get("kind") == "clsact" for q in qdiscs))
+        return Prepared([f"{where} {direction}"], state)
+
+    def apply(self, state):
+        if state["method"] == "netem":
+            spec = (["loss", f"{state['percent']}%"] if self.kind == "loss" else
+                    ["corrupt", f"{state['percent']}%"] if self.kind == "corrupt" else
+                    ["delay", f"{state['delay_ms']}ms", f"{state['jitter_ms']}ms"])
+            _tc(state["netns"], "qdisc", "add", "dev", state["interface"], "root", "netem", *spec)
+            return None
+        from .tcbpf import NetfaultProgram
+        prog = NetfaultProgram()
+        try:
+            pct = state["percent"]
+            prog.configure(pct if self.kind == "loss" else 0, pct if self.kind == "corrupt" else 0)
+            prog.attach(state["netns"], state["interface"], state["direction"],
+                        state["priority"], state["handle"])
+        except BaseException:
+            prog.close()
+            raise
+        _live[state["fault_id"]] = prog
+        return None
+
+    def observe(self, state):
+        prog = _live.get(state["fault_id"])
+        if prog is not None:
+            _counters[state["fault_id"]] = prog.counters()
+        return _counters.get(state["fault_id"], {})
+
+    def rollback(self, state):
+        netns, ifname = state["netns"], state["interface"]
+        prog = _live.pop(state["fault_id"], None)
+        try:
+            if not _link_exists(netns, ifname):
+                return "the interface is gone; nothing left to undo"
+            if state["method"] == "netem":
+                qdiscs = _tc_json(netns, "qdisc", "show", "dev", ifname, "root")
+                if any(q.get("kind") == "netem" for q in qdiscs):
+                    _tc(netns, "qdisc", "del", "dev", ifname, "root")
+                return None
+            filters = _tc_json(netns, "filter", "show", "dev", ifname, state["direction"])
+            if any(f.get("pref") == state["priority"] for f in filters):
+                _tc(netns, "filter", "del", "dev", ifname, state["direction"], "pref",
+                    str(state["priority"]))
+            if not state["clsact_existed"]:
+                qdiscs = _tc_json(netns, "qdisc", "show", "dev", ifname)
+                if any(q.get("kind") == "clsact" for q in qdiscs):
+                    _tc(netns, "qdisc", "del", "dev", ifname, "clsact")
+            return None
+        finally:
+            if prog is not None:
+                prog.close()
+
+    def detection(self, args, state=None):
+        return Detection(note="tracehound exports no network metric: a packet "
+                              f"{self.kind} fault is invisible to it; measure it with a "
+                              "process source (ping, interface counters)")
+
+
+_PERCENT = Arg(float, "percent of packets", required=True, minimum=0.01, maximum=100)
+_DIRECTION = Arg(str, "egress or ingress (BPF method)", default="egress",
+                 choices=("egress", "ingress"))
+FAULTS = [
+    NetFault("loss", "drop a percentage of packets on an interface",
+             {"percent": _PERCENT, "direction": _DIRECTION}),
+    NetFault("corrupt", "flip one bit in a percentage of packets on an interface",
+             {"percent": _PERCENT, "direction": _DIRECTION}),
+    NetFault("delay", "delay packets on an interface (netem only)",
+             {"delay_ms": Arg(int, "added delay", required=True, minimum=1, maximum=60000),
+              "jitter_ms": Arg(int, "random variation", default=0, minimum=0,
+                               maximum=60000),
+              "direction": _DIRECTION}),
+]

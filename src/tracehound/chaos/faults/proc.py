@@ -1,0 +1,236 @@
+"""Process faults: kill, stop (SIGSTOP/SIGCONT), CPU/memory/I/O stress."""
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+
+from . import Arg, Availability, Detection, Fault, FaultError, Prepared, target_args
+from .targets import (cgroup_dir, check_cgroup_path, check_target_args, enforce_blast_radius,
+                      resolve_processes, same_process)
+
+MARKER = "TRACEHOUND_CHAOS_FAULT"
+SIGNALS = ("KILL", "TERM", "INT", "HUP", "QUIT", "ABRT", "SEGV", "USR1", "USR2")
+
+
+def _cgroup_of(pid: int) -> str | None:
+    try:
+        with open(f"/proc/{pid}/cgroup") as f:
+            for line in f:
+                if line.startswith("0::"):
+                    return line[3:].strip() or "/"
+    except OSError:
+        pass
+    return None
+
+
+def _io_stall_detection(state: dict | None, args: dict, what: str) -> Detection:
+    """A stopped or killed process stops doing I/O: its cgroup's write rate
+    falls to zero. tracehound has no process-state metric of its own."""
+    cgroup = args.get("cgroup")
+    if cgroup is None and state and state.get("procs"):
+        cgroup = state["procs"][0][3]
+    if not cgroup or cgroup == "/":
+        return Detection(note=f"{what}: tracehound has no process-state signal and the "
+                              "target's cgroup is unknown or the root")
+    sel = f'{{cgroup="{cgroup}"}}'
+    return Detection(query="tracehound_io_write_bytes_total" + sel, signal="rate",
+                     predicate="== 0",
+                     promql=f"sum(rate(tracehound_io_write_bytes_total{sel}[15s]))",
+                     note=f"{what}: the cgroup's write rate falls to zero (only visible for "
+                          "a target that was writing; tracehound has no process-state metric)")
+
+
+class _ProcessFault(Fault):
+    args = {**target_args(1)}
+
+    def check(self, args):
+        return check_target_args(args)
+
+    def prepare(self, args, fault_id):
+        procs = resolve_processes(args)
+        enforce_blast_radius("processes", procs, args["max_targets"])
+        rows = [[p.pid, p.start, p.comm, _cgroup_of(p.pid)] for p in procs]
+        return Prepared([p.label() for p in procs], {"procs": rows, **self._extra(args)})
+
+    def _extra(self, args) -> dict:
+        return {}
+
+    def _signal(self, state: dict, sig: int) -> None:
+        for pid, start, _comm, _cg in state["procs"]:
+            if same_process(pid, start):
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+
+    def detection(self, args, state=None):
+        return _io_stall_detection(state, args, self.name)
+
+
+class ProcKill(_ProcessFault):
+    name = "proc.kill"
+    summary = "send a fatal signal (default SIGKILL) to the target processes"
+    args = {**target_args(1),
+            "signal": Arg(str, "signal name without SIG", default="KILL", choices=SIGNALS)}
+
+    def _extra(self, args):
+        return {"signal": args["signal"]}
+
+    def apply(self, state):
+        self._signal(state, getattr(signal, "SIG" + state["signal"]))
+        return None
+
+    def rollback(self, state):
+        return "irreversible: killed processes are not restarted"
+
+
+class ProcStop(_ProcessFault):
+    name = "proc.stop"
+    summary = "freeze the target processes with SIGSTOP (rollback: SIGCONT)"
+
+    def apply(self, state):
+        self._signal(state, signal.SIGSTOP)
+        return None
+
+    def rollback(self, state):
+        self._signal(state, signal.SIGCONT)
+        return None
+
+
+class ProcStress(Fault):
+    name = "proc.stress"
+    summary = "run stress-ng (cpu, memory or io stressors) inside a cgroup"
+    destructive = False
+    args = {
+        "cgroup": Arg(str, "cgroup v2 path the stressor joins", required=True),
+        "kind": Arg(str, "what to stress", default="cpu", choices=("cpu", "memory", "io")),
+        "workers": Arg(int, "stressor processes (blast radius: at most 64)", default=1,
+                       minimum=1, maximum=64),
+        "memory_bytes": Arg(int, "memory: bytes per worker", default=256 << 20,
+                            minimum=4096),
+        "io_bytes": Arg(int, "io: bytes each worker writes per round", default=64 << 20,
+                        minimum=4096),
+        "temp_dir": Arg(str, "io: directory the io workers write in", default="/var/tmp"),
+        "seconds": Arg(int, "stress-ng's own time limit, a safety net if rollback never "
+                            "runs", default=600, minimum=1, maximum=86400),
+    }
+
+    def check(self, args):
+        return check_cgroup_path(args["cgroup"])
+
+    def availability(self):
+        if shutil.which("stress-ng"):
+            return Availability(True)
+        return Availability(False, "stress-ng is not installed (apt-get install stress-ng)")
+
+    def prepare(self, args, fault_id):
+        if not shutil.which("stress-ng"):
+            raise FaultError("stress-ng is not installed (apt-get install stress-ng)")
+        directory = cgroup_dir(args["cgroup"])
+        n, kind = args["workers"], args["kind"]
+        argv = ["stress-ng", "--timeout", f"{args['seconds']}s", "--quiet"]
+        workdir = None
+        if kind == "cpu":
+            argv += ["--cpu", str(n)]
+        elif kind == "memory":
+            argv += ["--vm", str(n), "--vm-bytes", str(args["memory_bytes"]), "--vm-keep"]
+        else:
+            if not os.path.isdir(args["temp_dir"]):
+                raise FaultError(f"temp_dir {args['temp_dir']} is not a directory")
+            workdir = os.path.join(os.path.realpath(args["temp_dir"]),
+                                   f".tracehound-chaos-stress-{fault_id}")
+            argv += ["--hdd", str(n), "--hdd-bytes", str(args["io_bytes"]),
+                     "--temp-path", workdir]
+        return Prepared([f"{n} {kind} worker(s) in cgroup {args['cgroup']}"],
+                        {"argv": argv, "procs_file": os.path.join(directory, "cgroup.procs"),
+                         "marker": fault_id, "workdir": workdir, "kind": kind,
+                         "cgroup": args["cgroup"]})
+
+    def apply(self, state):
+        if state["workdir"]:
+            os.makedirs(state["workdir"], exist_ok=True)
+        env = dict(os.environ, **{MARKER: state["marker"]})
+        errors = tempfile.TemporaryFile()
+        # The shell joins the cgroup before exec, so no stressor ever runs outside it.
+        proc = subprocess.Popen(["sh", "-c", 'echo $$ > "$0" && exec "$@"',
+                                 state["procs_file"], *state["argv"]],
+                                env=env, cwd=state["workdir"] or "/", start_new_session=True,
+                                stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                                stderr=errors)
+        time.sleep(0.2)
+        if proc.poll() is not None and proc.returncode != 0:
+            errors.seek(0)
+            err = errors.read().decode(errors="replace").strip()
+            raise FaultError(f"stress-ng exited with {proc.returncode}: {err}")
+        errors.close()
+        return {"pid": proc.pid}
+
+    def rollback(self, state):
+        _kill_marked(state["marker"], state.get("pid"))
+        if state.get("workdir"):
+            shutil.rmtree(state["workdir"], ignore_errors=True)
+        return None
+
+    def detection(self, args, state=None):
+        if args.get("kind", "cpu") != "io":
+            return Detection(note="tracehound exports no CPU or memory signal; "
+                                  "only the io stressor is visible to it")
+        sel = f'{{cgroup="{args["cgroup"]}"}}'
+        return Detection(query="tracehound_io_write_bytes_total" + sel, signal="rate",
+                         predicate="> 1000000",
+                         promql=f"sum(rate(tracehound_io_write_bytes_total{sel}[15s]))",
+                         note="the cgroup writes more than 1 MB/s")
+
+
+def marked_pids(marker: str) -> list[int]:
+    """Processes carrying the fault's marker in their environment: the
+    stressor and every worker it forked, found even after a crash."""
+    needle = f"{MARKER}={marker}".encode()
+    out = []
+    for d in os.listdir("/proc"):
+        if not d.isdigit():
+            continue
+        try:
+            with open(f"/proc/{d}/environ", "rb") as f:
+                if needle in f.read().split(b"\0"):
+                    out.append(int(d))
+        except OSError:
+            continue
+    return out
+
+
+def _kill_marked(marker: str, child: int | None) -> None:
+    # TERM first: stress-ng removes its temporary files when asked politely.
+    for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 3.0)):
+        pids = marked_pids(marker)
+        if not pids:
+            return
+        for pid in pids:
+            try:
+                os.kill(pid, sig)
+            except ProcessLookupError:
+                pass
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline and marked_pids(marker):
+            _reap(child)
+            time.sleep(0.05)
+    if marked_pids(marker):
+        raise FaultError(f"stressor processes {marked_pids(marker)} survive SIGKILL")
+
+
+def _reap(child: int | None) -> None:
+    """Collect the stressor if this process started it, so it does not
+    linger as a zombie of the chaos run."""
+    if child is None:
+        return
+    try:
+        os.waitpid(child, os.WNOHANG)
+    except ChildProcessError:
+        pass
+
+
+FAULTS = [ProcKill(), ProcStop(), ProcStress()]

@@ -1,0 +1,200 @@
+"""Choosing what a fault hits, and refusing what it must never hit.
+
+Processes are remembered as (pid, start time) so that a rollback after a
+crash never signals a process that merely reused the pid.
+"""
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+from dataclasses import dataclass
+
+from . import FaultError
+
+PF_KTHREAD = 0x00200000
+
+
+@dataclass(frozen=True)
+class Proc:
+    pid: int
+    start: int
+    comm: str
+
+    def label(self) -> str:
+        return f"pid {self.pid} ({self.comm})"
+
+
+def _stat_fields(pid: int) -> list[str] | None:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            raw = f.read()
+    except OSError:
+        return None
+    # comm may hold spaces and parentheses: split after the last ')'
+    head, _, rest = raw.rpartition(")")
+    comm = head.split("(", 1)[1] if "(" in head else ""
+    return [str(pid), comm] + rest.split()
+
+
+def proc_state(pid: int) -> str | None:
+    """One-letter state from /proc/<pid>/stat (R, S, T, Z...), None if gone."""
+    fields = _stat_fields(pid)
+    return fields[2] if fields else None
+
+
+def proc_of(pid: int) -> Proc | None:
+    fields = _stat_fields(pid)
+    if not fields:
+        return None
+    return Proc(pid, int(fields[21]), fields[1])
+
+
+def same_process(pid: int, start: int) -> bool:
+    p = proc_of(pid)
+    return p is not None and p.start == start and proc_state(pid) != "Z"
+
+
+def _is_kernel_thread(pid: int) -> bool:
+    fields = _stat_fields(pid)
+    return bool(fields) and int(fields[8]) & PF_KTHREAD != 0
+
+
+def _protected() -> set[int]:
+    """pid 1 and this process with all its ancestors: killing or stopping
+    them would take the chaos run (or the machine) down with the target."""
+    out = {1, os.getpid()}
+    pid = os.getpid()
+    while pid > 1:
+        fields = _stat_fields(pid)
+        if not fields:
+            break
+        pid = int(fields[3])
+        out.add(pid)
+    return out
+
+
+def _all_pids() -> list[int]:
+    return sorted(int(d) for d in os.listdir("/proc") if d.isdigit())
+
+
+def check_target_args(args: dict) -> list[str]:
+    given = [k for k in ("pid", "name", "cgroup") if args.get(k) is not None]
+    if len(given) != 1:
+        return ["give exactly one target: pid, name or cgroup"
+                + (f" (got {', '.join(given)})" if given else "")]
+    if args.get("name") is not None:
+        try:
+            re.compile(args["name"])
+        except re.error as exc:
+            return [f"name is not a valid regular expression: {exc}"]
+    if args.get("cgroup") is not None:
+        return check_cgroup_path(args["cgroup"])
+    return []
+
+
+def check_cgroup_path(path: str) -> list[str]:
+    if not path.startswith("/"):
+        return [f"cgroup '{path}' must be a path from the cgroup v2 root, starting with /"]
+    if ".." in path.split("/"):
+        return [f"cgroup '{path}' must not contain '..'"]
+    if path.rstrip("/") == "":
+        return ["the root cgroup holds every process on the host: name a child cgroup"]
+    return []
+
+
+def resolve_processes(args: dict) -> list[Proc]:
+    """The processes named by pid, name or cgroup, minus protected ones."""
+    protected = _protected()
+    if args.get("pid") is not None:
+        pids = [args["pid"]]
+        if args["pid"] in protected:
+            raise FaultError(f"pid {args['pid']} is protected (init, or this chaos run "
+                             "and its parents)")
+    elif args.get("name") is not None:
+        rx = re.compile(args["name"])
+        pids = [p for p in _all_pids() if _name_matches(p, rx)]
+    else:
+        pids = cgroup_procs(cgroup_dir(args["cgroup"]))
+    out = []
+    for pid in pids:
+        if pid in protected or _is_kernel_thread(pid):
+            continue
+        p = proc_of(pid)
+        if p is not None and proc_state(pid) != "Z":
+            out.append(p)
+    if not out:
+        raise FaultError(f"no process matches {describe_target(args)}")
+    return out
+
+
+def _name_matches(pid: int, rx: re.Pattern) -> bool:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            comm = f.read().strip()
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            cmdline = f.read().replace(b"\0", b" ").decode(errors="replace").strip()
+    except OSError:
+        return False
+    return bool(rx.search(comm) or (cmdline and rx.search(cmdline)))
+
+
+def describe_target(args: dict) -> str:
+    for key in ("pid", "name", "cgroup"):
+        if args.get(key) is not None:
+            return f"{key} {args[key]!r}"
+    return "no target"
+
+
+def enforce_blast_radius(what: str, found: list, limit: int) -> None:
+    if len(found) > limit:
+        raise FaultError(f"{len(found)} {what} match, more than the blast-radius limit "
+                         f"max_targets={limit}: narrow the target or raise the limit")
+
+
+def cgroup2_root() -> str:
+    from ...host.mounts import MountTable
+    root = MountTable().cgroup2_root()
+    if root is None:
+        raise FaultError("no cgroup v2 hierarchy is mounted")
+    return root
+
+
+def cgroup_dir(path: str, root: str | None = None) -> str:
+    problems = check_cgroup_path(path)
+    if problems:
+        raise FaultError(problems[0])
+    full = os.path.join(root or cgroup2_root(), path.strip("/"))
+    if not os.path.isdir(full):
+        raise FaultError(f"cgroup {path} does not exist ({full})")
+    return full
+
+
+def cgroup_procs(directory: str) -> list[int]:
+    try:
+        with open(os.path.join(directory, "cgroup.procs")) as f:
+            return [int(x) for x in f.read().split()]
+    except OSError as exc:
+        raise FaultError(f"cannot list processes of {directory}: {exc.strerror}") from None
+
+
+def run_cmd(argv: list[str], timeout: float = 30) -> subprocess.CompletedProcess:
+    """Run a helper tool; a missing tool or a failure becomes a FaultError."""
+    try:
+        out = subprocess.run(argv, capture_output=True, text=True, timeout=timeout)
+    except FileNotFoundError:
+        raise FaultError(f"{argv[0]} is not installed") from None
+    except subprocess.TimeoutExpired:
+        raise FaultError(f"{' '.join(argv)} took longer than {timeout} s") from None
+    if out.returncode != 0:
+        msg = (out.stderr or out.stdout).strip().splitlines()
+        raise FaultError(f"{' '.join(argv)} failed: {msg[-1] if msg else out.returncode}")
+    return out
+
+
+def netns_prefix(netns: str | None) -> list[str]:
+    """Command prefix that runs a tool in a named network namespace. nsenter
+    switches only the network namespace (ip netns exec also remounts /sys)."""
+    if not netns:
+        return []
+    return ["nsenter", f"--net=/run/netns/{netns}", "--"]

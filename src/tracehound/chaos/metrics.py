@@ -1,0 +1,133 @@
+"""Reading metrics for probes: a metric selector against an agent's
+/metrics page, or a PromQL query against a Prometheus server."""
+from __future__ import annotations
+
+import json
+import re
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+
+from prometheus_client.parser import text_string_to_metric_families
+
+DEFAULT_AGENT_URL = "http://127.0.0.1:9560/metrics"
+_NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
+_MATCHER = re.compile(r'\s*([a-zA-Z_][a-zA-Z0-9_]*)\s*(=~|!~|!=|=)\s*"((?:[^"\\]|\\.)*)"\s*(,|$)')
+
+
+class QueryError(Exception):
+    pass
+
+
+@dataclass(frozen=True)
+class Matcher:
+    label: str
+    op: str
+    value: str
+
+    def matches(self, labels: dict) -> bool:
+        have = labels.get(self.label, "")
+        if self.op == "=":
+            return have == self.value
+        if self.op == "!=":
+            return have != self.value
+        hit = re.fullmatch(self.value, have) is not None
+        return hit if self.op == "=~" else not hit
+
+
+@dataclass(frozen=True)
+class Selector:
+    """name{label="v", label=~"regex", ...}: the PromQL instant-vector
+    selector, which is all a probe against a single agent needs."""
+    name: str
+    matchers: tuple[Matcher, ...] = ()
+
+    def __str__(self) -> str:
+        inner = ",".join(f'{m.label}{m.op}"{m.value}"' for m in self.matchers)
+        return f"{self.name}{{{inner}}}" if inner else self.name
+
+
+def parse_selector(text: str) -> Selector:
+    if not isinstance(text, str):
+        raise QueryError("a metric selector must be a string")
+    m = re.fullmatch(rf"\s*({_NAME})\s*(?:\{{(.*)\}})?\s*", text, re.S)
+    if not m:
+        raise QueryError(f"not a metric selector: {text!r} (expected "
+                         'name or name{label="value",...})')
+    name, body = m.group(1), (m.group(2) or "").strip()
+    matchers = []
+    pos = 0
+    while pos < len(body):
+        mm = _MATCHER.match(body, pos)
+        if not mm:
+            raise QueryError(f"cannot read label matcher at {body[pos:]!r} in {text!r}")
+        value = re.sub(r"\\(.)", lambda e: "\n" if e.group(1) == "n" else e.group(1),
+                       mm.group(3))
+        if mm.group(2) in ("=~", "!~"):
+            try:
+                re.compile(value)
+            except re.error as exc:
+                raise QueryError(f"label {mm.group(1)}: bad regular expression: {exc}") from None
+        matchers.append(Matcher(mm.group(1), mm.group(2), value))
+        pos = mm.end()
+    return Selector(name, tuple(matchers))
+
+
+def fetch(url: str, timeout: float) -> str:
+    req = urllib.request.Request(url, headers={"Accept": "text/plain"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as r:
+            return r.read().decode("utf-8", "replace")
+    except OSError as exc:
+        raise QueryError(f"cannot read {url}: {getattr(exc, 'reason', exc)}") from None
+
+
+def parse_samples(text: str) -> dict[str, list[tuple[dict, float]]]:
+    out: dict[str, list[tuple[dict, float]]] = {}
+    for family in text_string_to_metric_families(text):
+        for s in family.samples:
+            out.setdefault(s.name, []).append((s.labels, s.value))
+    return out
+
+
+def select_sum(samples: dict, name: str, sel: Selector) -> float | None:
+    """Sum of the matching samples; None when no series matches. A counter
+    may be named with or without its _total suffix."""
+    rows = samples.get(name)
+    if rows is None and not name.endswith("_total"):
+        rows = samples.get(name + "_total")
+    if rows is None:
+        return None
+    hits = [v for labels, v in rows if all(m.matches(labels) for m in sel.matchers)]
+    return sum(hits) if hits else None
+
+
+def agent_point(url: str, sel: Selector, histogram: bool, timeout: float = 5.0):
+    """One reading: the summed value, or (sum, count) of a histogram."""
+    samples = parse_samples(fetch(url, timeout))
+    if histogram:
+        total = select_sum(samples, sel.name + "_sum", sel)
+        count = select_sum(samples, sel.name + "_count", sel)
+        if total is None or count is None:
+            return None
+        return (total, count)
+    return select_sum(samples, sel.name, sel)
+
+
+def promql_value(base_url: str, query: str, timeout: float = 5.0) -> float | None:
+    """Instant query; a vector is summed, an empty one is None."""
+    url = base_url.rstrip("/") + "/api/v1/query?" + urllib.parse.urlencode({"query": query})
+    try:
+        body = json.loads(fetch(url, timeout))
+    except ValueError:
+        raise QueryError(f"{url}: not a JSON answer") from None
+    if body.get("status") != "success":
+        raise QueryError(f"Prometheus refused the query: {body.get('error', body)}")
+    data = body.get("data", {})
+    kind, result = data.get("resultType"), data.get("result")
+    if kind == "vector":
+        values = [float(r["value"][1]) for r in result]
+        return sum(values) if values else None
+    if kind == "scalar":
+        return float(result[1])
+    raise QueryError(f"query returned a {kind}; use an expression that yields a number")

@@ -1,0 +1,168 @@
+"""Small stand-in workloads and scaffolding for the example experiments
+(called through the python provider): a writer in its own cgroup, a pair
+of network namespaces joined by a veth, a scratch tmpfs. Each has its
+undo, meant for the experiment's rollbacks."""
+from __future__ import annotations
+
+import mmap
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from .faults.targets import cgroup2_root, check_cgroup_path
+
+
+def _cgroup_path(cgroup: str) -> str:
+    problems = check_cgroup_path(cgroup)
+    if problems:
+        raise ValueError(problems[0])
+    return os.path.join(cgroup2_root(), cgroup.strip("/"))
+
+
+def _data_file(directory: str, cgroup: str) -> str:
+    return os.path.join(directory, f"tracehound-workload-{cgroup.strip('/').replace('/', '-')}.dat")
+
+
+def start_writer(cgroup: str, directory: str, block_size: int = 262144, direct: bool = True,
+                 file_bytes: int = 4 << 20, interval: float = 0.01) -> dict:
+    """Start a detached process in a new cgroup that writes block_size bytes
+    every `interval` seconds to one file, truncating it every file_bytes.
+    Returns its pid."""
+    path = _cgroup_path(cgroup)
+    os.makedirs(path, exist_ok=True)
+    procs = os.path.join(path, "cgroup.procs")
+    argv = [sys.executable, "-m", __name__, "write", procs, _data_file(directory, cgroup),
+            str(block_size), "1" if direct else "0", str(file_bytes), str(interval)]
+    # Through a shell that exits at once: the writer is re-parented, so no
+    # zombie of it is ever left to the chaos run (or confuses a state check).
+    subprocess.run(["sh", "-c", '"$@" </dev/null >/dev/null 2>&1 &', "sh", *argv], check=True)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        with open(procs) as f:
+            pids = [int(x) for x in f.read().split()]
+        if pids:
+            return {"pid": pids[0], "cgroup": cgroup}
+        time.sleep(0.02)
+    raise RuntimeError(f"the writer did not join {cgroup}")
+
+
+def make_cgroup(cgroup: str) -> dict:
+    """An empty cgroup for a fault to put its processes in."""
+    os.makedirs(_cgroup_path(cgroup), exist_ok=True)
+    return {"cgroup": cgroup}
+
+
+def stop_workload(cgroup: str, directory: str | None = None) -> dict:
+    """Kill everything in the cgroup (stopped processes included), remove
+    the cgroup and the writer's file."""
+    path = _cgroup_path(cgroup)
+    killed = []
+    for _ in range(100):
+        try:
+            with open(os.path.join(path, "cgroup.procs")) as f:
+                pids = [int(x) for x in f.read().split()]
+        except FileNotFoundError:
+            break
+        if not pids:
+            try:
+                os.rmdir(path)
+            except FileNotFoundError:
+                pass
+            break
+        for pid in pids:
+            for sig in (signal.SIGKILL, signal.SIGCONT):
+                try:
+                    os.kill(pid, sig)
+                except ProcessLookupError:
+                    pass
+            killed.append(pid)
+        time.sleep(0.05)
+    if directory:
+        try:
+            os.unlink(_data_file(directory, cgroup))
+        except FileNotFoundError:
+            pass
+    return {"killed": sorted(set(killed))}
+
+
+def write_loop(procs: str, path: str, block_size: int, direct: bool, file_bytes: int,
+               interval: float) -> None:
+    with open(procs, "w") as f:
+        f.write(str(os.getpid()))
+    flags = os.O_WRONLY | os.O_CREAT | (os.O_DIRECT if direct else 0)
+    fd = os.open(path, flags, 0o600)
+    buf = mmap.mmap(-1, block_size)       # page-aligned, as O_DIRECT needs
+    buf.write(b"\xa5" * block_size)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    offset = 0
+    try:
+        while True:
+            try:
+                if offset == 0:
+                    os.ftruncate(fd, 0)
+                os.pwrite(fd, buf, offset)
+                offset = (offset + block_size) % file_bytes
+            except OSError:
+                time.sleep(0.05)          # ENOSPC, EIO: keep trying, as a job would
+            if interval:
+                time.sleep(interval)
+    finally:
+        os.close(fd)
+        try:
+            os.unlink(path)
+        except OSError:
+            pass
+
+
+def _ip(*args: str) -> None:
+    out = subprocess.run(["ip", *args], capture_output=True, text=True)
+    if out.returncode != 0:
+        raise RuntimeError(f"ip {' '.join(args)}: {out.stderr.strip()}")
+
+
+def make_netns_pair(netns_a: str, netns_b: str, if_a: str, if_b: str, addr_a: str,
+                    addr_b: str) -> dict:
+    """Two network namespaces joined by a veth pair, addresses given as
+    a.b.c.d/nn, both ends up."""
+    for ns in (netns_a, netns_b):
+        _ip("netns", "add", ns)
+    _ip("link", "add", if_a, "netns", netns_a, "type", "veth", "peer", "name", if_b,
+        "netns", netns_b)
+    for ns, ifname, addr in ((netns_a, if_a, addr_a), (netns_b, if_b, addr_b)):
+        _ip("-n", ns, "addr", "add", addr, "dev", ifname)
+        _ip("-n", ns, "link", "set", ifname, "up")
+    return {"netns": [netns_a, netns_b]}
+
+
+def delete_netns(names: list[str]) -> dict:
+    gone = []
+    for ns in names:
+        if os.path.exists(f"/run/netns/{ns}"):
+            _ip("netns", "del", ns)
+            gone.append(ns)
+    return {"deleted": gone}
+
+
+def mount_tmpfs(path: str, size_mb: int = 64) -> dict:
+    os.makedirs(path, exist_ok=True)
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tracehound-chaos",
+                    path], check=True, capture_output=True)
+    return {"mounted": path}
+
+
+def unmount(path: str) -> dict:
+    if os.path.ismount(path):
+        subprocess.run(["umount", "-l", path], check=True, capture_output=True)
+    try:
+        os.rmdir(path)
+    except OSError:
+        pass
+    return {"unmounted": path}
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "write":
+        procs, path, bs, direct, size, interval = sys.argv[2:8]
+        write_loop(procs, path, int(bs), direct == "1", int(size), float(interval))
