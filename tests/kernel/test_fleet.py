@@ -7,6 +7,8 @@ node N's workload shows up under every node label. What must hold is that the
 series labelled node=N come from node N's agent, and that each workload's job
 or pod labels carry its exact bytes.
 """
+import glob
+import json
 import os
 import shutil
 import signal
@@ -22,6 +24,7 @@ import yaml
 
 from tests.conftest import ROOT, tracehound_cmd
 from tests.kernel.conftest import run_in_cgroup
+from tracehound.chaos.workload import start_writer, stop_workload
 from tracehound.fleet.prometheus import (
     DetectionTimeout,
     PrometheusError,
@@ -276,6 +279,63 @@ def test_query_errors_are_reported(fleet):
     with pytest.raises(DetectionTimeout) as late:
         wait_for(fleet.prometheus, 'up{node="node-that-does-not-exist"}', timeout=1)
     assert late.value.last == [] and late.value.seconds >= 1
+
+
+def test_chaos_detection_through_prometheus(fleet, cgroup_root, tmpfs):
+    """A chaos experiment freezes a writer of node1's Slurm job; its
+    detection probe asks Prometheus, by node and job, for the job's write
+    rate, and must see it fall to zero."""
+    job = fleet.slurm_jobs["node1"]
+    step = fleet.nodes[0].cgroup.replace("/step_0/", "/step_1/")
+    selector = f'node="node1", job_id="{job}", step="1"'
+    experiment = {
+        "title": "A frozen job step is seen through Prometheus",
+        "description": "proc.stop on a writer; detection by PromQL on the node and job labels",
+        "steady-state-hypothesis": {"title": "Prometheus is up", "probes": [
+            {"type": "probe", "name": "prometheus-ready", "tolerance": 200,
+             "provider": {"type": "http", "url": f"{fleet.prometheus}/-/ready", "timeout": 5}}]},
+        "method": [
+            {"type": "action", "name": "freeze-writer",
+             "provider": {"type": "tracehound", "fault": "proc.stop",
+                          "arguments": {"cgroup": step, "max_targets": 1}}},
+            {"type": "probe", "name": "prometheus-sees-job-stop",
+             "provider": {"type": "tracehound", "detect": {
+                 "source": "prometheus", "url": fleet.prometheus, "timeout": 30,
+                 "query": f"sum(rate(tracehound_io_write_bytes_total{{{selector}}}[3s]))",
+                 "predicate": "== 0"}}},
+            {"type": "action", "name": "thaw-writer",
+             "provider": {"type": "tracehound", "rollback": "freeze-writer"}},
+        ],
+        "rollbacks": [],
+    }
+    rate = f"sum(rate(tracehound_io_write_bytes_total{{{selector}}}[3s]))"
+    tmp = tempfile.mkdtemp(prefix="thtest-fleet-chaos-")
+    try:
+        start_writer(step, tmpfs, block_size=65536, direct=False)
+        wait_for(fleet.prometheus, rate + " > 0", timeout=30)   # the job really writes
+        path = os.path.join(tmp, "experiment.json")
+        with open(path, "w") as f:
+            json.dump(experiment, f)
+        run = subprocess.run(tracehound_cmd() + ["chaos", "run", path, "--yes",
+                                                 "--journal", f"{tmp}/journal",
+                                                 "--report", f"{tmp}/report"],
+                             capture_output=True, text=True, timeout=180)
+        reports = glob.glob(f"{tmp}/report/*-journal.json")
+        assert run.returncode == 0 and reports, f"{run.stdout}\n{run.stderr}"
+        with open(reports[0]) as f:
+            record = json.load(f)
+        (stop,) = [d for d in record["detections"] if d["probe"] == "prometheus-sees-job-stop"]
+        assert stop["detected"] and 0 <= stop["mttd_seconds"] < 30, stop
+        # rolled back: the writer runs again and Prometheus sees it
+        wait_for(fleet.prometheus, rate + " > 0", timeout=30)
+    finally:
+        stop_workload(step, tmpfs)
+        shutil.rmtree(tmp, ignore_errors=True)
+        for d in (step, step.rsplit("/", 1)[0], step.rsplit("/", 2)[0]):
+            try:
+                os.rmdir(cgroup_root + d)
+            except OSError:
+                pass
 
 
 def test_stopped_agent_raises_agent_down(fleet):

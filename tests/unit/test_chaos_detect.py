@@ -24,8 +24,8 @@ class Endpoint:
         endpoint = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):
-                q = urllib.parse.urlparse(self.path).query
+            def do_GET(self, form=None):
+                q = form if form is not None else urllib.parse.urlparse(self.path).query
                 endpoint.queries.append(urllib.parse.parse_qs(q).get("query", [""])[0])
                 data = endpoint.body.encode()
                 self.send_response(200)
@@ -33,6 +33,10 @@ class Endpoint:
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
+
+            def do_POST(self):  # Prometheus' query API takes a form as well
+                length = int(self.headers.get("Content-Length", 0))
+                self.do_GET(self.rfile.read(length).decode())
 
             def log_message(self, *args):
                 pass

@@ -2,13 +2,14 @@
 /metrics page, or a PromQL query against a Prometheus server."""
 from __future__ import annotations
 
-import json
 import re
 import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 
 from prometheus_client.parser import text_string_to_metric_families
+
+from ..fleet import prometheus
 
 DEFAULT_AGENT_URL = "http://127.0.0.1:9560/metrics"
 _NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
@@ -116,18 +117,8 @@ def agent_point(url: str, sel: Selector, histogram: bool, timeout: float = 5.0):
 
 def promql_value(base_url: str, query: str, timeout: float = 5.0) -> float | None:
     """Instant query; a vector is summed, an empty one is None."""
-    url = base_url.rstrip("/") + "/api/v1/query?" + urllib.parse.urlencode({"query": query})
     try:
-        body = json.loads(fetch(url, timeout))
-    except ValueError:
-        raise QueryError(f"{url}: not a JSON answer") from None
-    if body.get("status") != "success":
-        raise QueryError(f"Prometheus refused the query: {body.get('error', body)}")
-    data = body.get("data", {})
-    kind, result = data.get("resultType"), data.get("result")
-    if kind == "vector":
-        values = [float(r["value"][1]) for r in result]
-        return sum(values) if values else None
-    if kind == "scalar":
-        return float(result[1])
-    raise QueryError(f"query returned a {kind}; use an expression that yields a number")
+        samples = prometheus.query(base_url, query, timeout)
+    except prometheus.PrometheusError as exc:
+        raise QueryError(str(exc)) from None
+    return sum(s.value for s in samples) if samples else None
