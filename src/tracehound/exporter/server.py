@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import errno
 import socket
+import sys
 import threading
 from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
@@ -42,6 +43,12 @@ class ProbeInfoCollector:
         info = InfoMetricFamily("tracehound_build", "tracehound version.")
         info.add_metric([], {"version": __version__})
         yield info
+        # RSS also moves with allocator fragmentation; the count of live
+        # Python blocks only grows if the agent keeps what it should drop.
+        blocks = GaugeMetricFamily("tracehound_agent_allocated_blocks",
+                                   "Python memory blocks the agent holds (sys.getallocatedblocks).")
+        blocks.add_metric([], sys.getallocatedblocks())
+        yield blocks
 
 
 class _Server(WSGIServer):
