@@ -15,6 +15,7 @@ import datetime
 import signal
 import time
 
+from ..progress import steps
 from . import faults as catalog
 from . import providers
 from .detect import run_detection, run_query, take_baseline, with_defaults
@@ -97,6 +98,11 @@ class Runner:
         self.journal = Journal(self.journal_dir, self.run_id, self.exp.title, self.source)
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         status = "completed"
+        hyp_probes = len((self.exp.hypothesis or {}).get("probes") or [])
+        # an upper bound: steady state is checked up to three times
+        progress = steps(len(self.exp.method) + len(self.exp.rollbacks) + 3 * hyp_probes,
+                         f"chaos: {self.exp.title}")
+        self._progress = progress.__enter__()
         try:
             before = self.hypothesis("before")
             record["steady_states"]["before"] = before
@@ -126,6 +132,7 @@ class Runner:
                 if status in ("completed", "deviated", "failed"):
                     record["steady_states"]["after_rollback"] = self.hypothesis("after-rollback")
             finally:
+                progress.__exit__(None, None, None)
                 for s, h in old.items():
                     signal.signal(s, h)
                 end = time.time()
@@ -190,6 +197,8 @@ class Runner:
         run["duration"] = round(run["end"] - run["start"], 3)
         self.event("activity", act["name"], start=run["start"], end=run["end"],
                    status=run["status"], phase=phase)
+        if getattr(self, "_progress", None) is not None:
+            self._progress.advance(f"{phase}: {act['name']} {run['status']}")
         if pauses.get("after"):
             time.sleep(pauses["after"])
         return run
