@@ -91,7 +91,7 @@ def test_failure_inside_vm_reaches_pytest(vm_run):
     assert tests == 1 and len(bad) == 1, bad
     assert "test_fentry_on_a_missing_function: failure" in bad[0]
     assert "program fe_vfs_read on fentry/tracehound_no_such_function" in bad[0], bad[0]
-    assert "load failed" in bad[0], bad[0]
+    assert "no such function in the kernel's BTF" in bad[0], bad[0]
 
 
 @pytest.mark.parametrize("workload", ["worker-tmpfs", "worker-disk"])

@@ -52,7 +52,11 @@ class Program:
     def set_attach_target(self, function: str) -> None:
         ret = libbpf.lib().bpf_program__set_attach_target(self._ptr, 0, function.encode())
         if ret < 0:
-            raise ProbeError(self.name, function, libbpf.strerror(libbpf.errno_of(ret)))
+            err = libbpf.errno_of(ret)
+            hook = f"{self.section.split('/', 1)[0]}/{function}"
+            why = "no such function in the kernel's BTF" if err == errno_mod.ESRCH else \
+                "cannot retarget"
+            raise ProbeError(self.name, hook, f"{why}: {libbpf.strerror(err)}")
         self._target = function
 
     @property
