@@ -15,6 +15,7 @@ from .attribution.kubelet import pod_source
 from .attribution.resolver import WorkloadResolver
 from .collectors.gpu import open_gpu_collector
 from .collectors.io import IoCollector
+from .collectors.rdma import open_rdma
 from .errors import SetupError
 from .exporter.server import DEFAULT_LISTEN, Exporter, ProbeInfoCollector
 from .host.mounts import DEFAULT_SKIP_FSTYPES, MountTable
@@ -33,6 +34,7 @@ class AgentConfig:
     pod_logs_dir: str = "/var/log/pods"
     kubelet_url: str | None = None
     mountinfo: str = "/proc/self/mountinfo"
+    rdma_grace_s: float = 10.0
 
 
 class Agent:
@@ -62,7 +64,11 @@ class Agent:
             self.exporter.stop()
             self.cgroups.close()
             raise
-        self.registry.register(ProbeInfoCollector([self.io]))
+        # RDMA is optional: a host without it gets a reason, never an error
+        self.rdma = open_rdma(self.config.hook_mode, self.cgroups.root, self.config.rdma_grace_s)
+        for collector in self.rdma.collectors():
+            self.registry.register(collector)
+        self.registry.register(ProbeInfoCollector([self.io, self.rdma.probe]))
         self.registry.register(IoCollector(self.io, self.mounts, self.cgroups,
                                            self.config.max_series, self.workloads))
         # GPU health is optional: no driver or no GPU is reported, not fatal
@@ -88,6 +94,8 @@ class Agent:
         self.exporter.stop()
         if getattr(self, "gpu", None) is not None:
             self.gpu.close()
+        if getattr(self, "rdma", None) is not None:
+            self.rdma.close()
         self.io.close()
         self.cgroups.close()
 
@@ -107,6 +115,8 @@ def run(config: AgentConfig, out=functools.partial(print, flush=True)) -> int:
     out(f"tracehound: serving metrics on {agent.exporter.url}")
     for probe, mode in agent.io.modes().items():
         out(f"tracehound: probe {probe:<10} mode {mode}")
+    for line in agent.rdma.status_lines():
+        out(f"tracehound: {line}")
     out(f"tracehound: gpu: {agent.gpu_status}")
     try:
         while not agent._stop.wait(1.0):

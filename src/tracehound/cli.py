@@ -16,7 +16,8 @@ from .host.mounts import DEFAULT_SKIP_FSTYPES
 # Each of these modules adds its own sub-command: add_parser(subparsers)
 # registers it with set_defaults(handler=fn), and fn(args) -> exit code runs
 # it. Keep their imports light: they run for every command line.
-COMMAND_MODULES: list[str] = ["tracehound.top.cli", "tracehound.chaos.cli"]
+COMMAND_MODULES: list[str] = ["tracehound.host.rdma_view", "tracehound.top.cli",
+                              "tracehound.chaos.cli"]
 
 
 def _fstypes(value: str) -> tuple[str, ...]:
@@ -61,6 +62,9 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--max-series", type=int, default=10000, metavar="N",
                      help="most label sets per metric family; the rest are summed into one "
                           "series labelled __overflow__ (default 10000, 0: no limit)")
+    run.add_argument("--rdma-grace", type=float, default=10.0, metavar="SECONDS",
+                     help="how long RDMA objects may outlive their process, or the mirror "
+                          "disagree with the kernel, before it is an anomaly (default 10)")
 
     for module in COMMAND_MODULES:
         importlib.import_module(module).add_parser(sub)
@@ -90,7 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             skip = () if args.count_all_fstypes else args.skip_fstypes
             return run(AgentConfig(args.listen, args.hook_mode, skip, args.max_entries,
                                    args.max_series, args.pod_logs_dir, args.kubelet_url,
-                                   mountinfo=args.mountinfo))
+                                   rdma_grace_s=args.rdma_grace, mountinfo=args.mountinfo))
         if args.command == "doctor":
             from .doctor import doctor
             return doctor(args.hook_mode)

@@ -57,5 +57,7 @@ def doctor(hook_mode: str = "auto", out=print) -> int:
         for mode, check in gp.checks.items():
             mark = "ok" if check.ok else "no"
             out(f"      {mode:<10} {mark:<3} {check.reason}")
+    from .probes.rdma import doctor_line  # RDMA is optional: never counted as a problem
+    out("  " + doctor_line(hook_mode))
     _gpu_section(out)
     return 1 if problems else 0

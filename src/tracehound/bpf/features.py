@@ -38,6 +38,7 @@ class HookGroup:
     # syscalls the VFS modes count through their own trace events, because a
     # kernel may inline their whole path past the VFS function
     syscall_events: tuple[str, ...] = ()
+    modes: tuple[str, ...] = MODES  # the modes it has programs for, best first
 
     def programs(self, mode: str) -> list[str]:
         events = [f"sc_{p}_{s}" for s in self.syscall_events for p in ("enter", "exit")]
@@ -205,7 +206,10 @@ def plan(groups=IO_GROUPS, forced: str = "auto",
     out = []
     for group in groups:
         gp = GroupPlan(group, None)
-        for mode in (MODES if forced == "auto" else (forced,)):
+        for mode in (group.modes if forced == "auto" else (forced,)):
+            if mode not in group.modes:
+                gp.checks[mode] = ModeCheck(False, f"no {mode} hooks exist for this group")
+                continue
             if mode in demoted.get(group.name, ()):
                 gp.checks[mode] = ModeCheck(False, "failed to load or attach (see log)")
                 continue

@@ -1,0 +1,336 @@
+"""Loader for rdma.bpf.o: picks a hook mode per group, loads, attaches, seeds
+the mirror with objects that existed before it, and pins the mirror so
+`tracehound rdma show` can read it from another process.
+
+A host without RDMA, or a kernel that refuses every RDMA hook, leaves the
+probe unavailable with a reason; it never stops the agent.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+import os
+from dataclasses import dataclass
+
+from ..bpf import features, libbpf
+from ..bpf.loader import BpfObject
+from ..collectors.rdma import (
+    OBJ_F_SEEDED,
+    OBJ_F_USER,
+    OBJ_KEY,
+    OBJ_VALUE,
+    MirrorObject,
+    RdmaSnapshot,
+    decode_object,
+    encode_object,
+    read_snapshot,
+)
+from ..errors import ProbeError, TracehoundError
+from ..host import rdma as rdma_host
+from . import object_path
+
+log = logging.getLogger(__name__)
+
+MODES = ("fentry", "kprobe")
+MAX_RETRIES = 6
+PIN_DIR = "/sys/fs/bpf/tracehound"
+OBJECTS_PIN = os.path.join(PIN_DIR, "rdma_objects")
+MAPS = ("rdma_objects", "rdma_verbs", "rdma_events", "rdma_qp_states", "rdma_health",
+        "rdma_devices")
+BPF_NOEXIST = 1
+
+# Kernel function -> (its programs in fentry mode, in kprobe mode). Exit-only
+# hooks need no entry program unless the exit needs an argument.
+HOOKS = {
+    "rdma_restrack_add": ("fx", "kp kr"),
+    "rdma_restrack_del": ("fe", "kp"),
+    "rdma_restrack_commit_del": ("fe", "kp"),
+    "ib_uverbs_cmd_verbs": ("fx", "kp kr"),
+    "ib_uverbs_write": ("fx", "kp kr"),
+    "ib_dealloc_pd_user": ("fx", "kr"),
+    "ib_destroy_cq_user": ("fx", "kr"),
+    "ib_destroy_qp_user": ("fx", "kr"),
+    "ib_destroy_srq_user": ("fx", "kr"),
+    "ib_dereg_mr_user": ("fx", "kr"),
+    "ib_modify_qp_with_udata": ("fx", "kp kr"),
+    "ib_umem_get": ("fx", "kr"),
+    "ib_uverbs_qp_event_handler": ("fe", "kp"),
+    "ib_dispatch_event": ("fe", "kp"),
+}
+
+
+@dataclass(frozen=True)
+class RdmaHookGroup(features.HookGroup):
+    def programs(self, mode: str) -> list[str]:
+        side = 0 if mode == "fentry" else 1
+        return [f"{p}_{fn}" for fn in self.functions for p in HOOKS[fn][side].split()]
+
+
+def _group(name: str, *functions: str) -> RdmaHookGroup:
+    return RdmaHookGroup(name, functions, (), (), modes=MODES)
+
+
+# Hooked where the kernel has them, never required: stable kernels that
+# split deletion into begin/commit/abort no longer call rdma_restrack_del for
+# PD, CQ, QP and SRQ.
+OPTIONAL = ("rdma_restrack_commit_del",)
+
+
+def rdma_groups(present=None) -> tuple[RdmaHookGroup, ...]:
+    """The hook groups for this kernel. ib_core alone serves the tracker
+    mirror and device events; everything user verbs do needs ib_uverbs too,
+    so a kernel-only RDMA user (NFS over RDMA, iSER) still gets the first two."""
+    present = kernel_functions(OPTIONAL) if present is None else present
+    optional = tuple(fn for fn in OPTIONAL if fn in present)
+    return (
+        _group("restrack", "rdma_restrack_add", "rdma_restrack_del", *optional),
+        _group("events", "ib_dispatch_event"),
+        _group("verbs", "ib_uverbs_cmd_verbs", "ib_uverbs_write", "ib_dealloc_pd_user",
+               "ib_destroy_cq_user", "ib_destroy_qp_user", "ib_destroy_srq_user",
+               "ib_dereg_mr_user", "ib_modify_qp_with_udata", "ib_umem_get",
+               "ib_uverbs_qp_event_handler"),
+    )
+
+
+def kernel_functions(names) -> set[str]:
+    """Which of these functions the running kernel (modules included) has."""
+    wanted, found = set(names), set()
+    try:
+        with open("/proc/kallsyms") as f:
+            for line in f:
+                parts = line.split()
+                if len(parts) >= 3 and parts[2] in wanted and parts[1] in "tT":
+                    found.add(parts[2])
+    except OSError:
+        pass
+    return found
+
+
+def subsystem_absent() -> str | None:
+    """Why this kernel has no RDMA core to hook, or None."""
+    if os.path.isdir("/sys/module/ib_core") or os.path.isdir("/sys/class/infiniband"):
+        return None
+    return "no RDMA subsystem: ib_core is neither loaded nor built in (modprobe ib_core)"
+
+
+def _libbpf_fn(name: str, restype, argtypes):
+    fn = getattr(libbpf.lib(), name)
+    fn.restype, fn.argtypes = restype, argtypes
+    return fn
+
+
+@dataclass
+class RdmaProbeConfig:
+    hook_mode: str = "auto"
+    cgroup_root: str | None = None   # to attribute seeded objects
+    max_objects: int = 16384
+    pin: bool = True
+
+
+class RdmaProbe:
+    """The RDMA probe; start() never raises for a missing or refusing kernel:
+    `available` is then False and `reason` says why."""
+
+    name = "rdma"
+
+    def __init__(self, config: RdmaProbeConfig | None = None):
+        self.config = config or RdmaProbeConfig()
+        self.obj: BpfObject | None = None
+        self.plans: list[features.GroupPlan] = []
+        self.reason: str | None = None
+        self.seeded = 0
+        self._pinned = False
+
+    @property
+    def available(self) -> bool:
+        return self.obj is not None
+
+    # -- lifecycle --------------------------------------------------------
+    def start(self) -> RdmaProbe:
+        try:
+            self._start()
+        except (TracehoundError, OSError) as exc:
+            self.close()
+            self.reason = str(exc).splitlines()[0]
+        return self
+
+    def _start(self) -> None:
+        absent = subsystem_absent()
+        if absent:
+            raise TracehoundError(absent)
+        forced = self.config.hook_mode
+        if forced not in ("auto", *MODES):
+            raise TracehoundError(f"hook mode {forced} has no RDMA hooks (use auto, fentry or kprobe)")
+        groups = rdma_groups()
+        demoted: dict[str, set[str]] = {}
+        for _ in range(MAX_RETRIES):
+            self.plans = features.plan(groups, forced, demoted)
+            active = [p for p in self.plans if p.mode]
+            if not active:
+                raise TracehoundError("no usable hook: " + "; ".join(
+                    f"rdma.{p.group.name}: {self.why_not(p)}" for p in self.plans))
+            try:
+                self._load_and_attach(active)
+                break
+            except ProbeError as exc:
+                plan = next((p for p in active if exc.program in p.group.programs(p.mode)), None)
+                if plan is None:
+                    raise
+                log.warning("rdma probe: %s in %s mode failed (%s); trying the next mode",
+                            plan.group.name, plan.mode, exc.reason)
+                demoted.setdefault(plan.group.name, set()).add(plan.mode)
+        else:
+            raise TracehoundError("rdma probe: gave up after repeated load/attach failures")
+        self._seed()
+        if self.config.pin:
+            self._pin()
+
+    @staticmethod
+    def why_not(plan: features.GroupPlan) -> str:
+        return "; ".join(f"{m}: {c.reason}" for m, c in plan.checks.items()) or "not checked"
+
+    def _load_and_attach(self, active: list[features.GroupPlan]) -> None:
+        self.close()
+        obj = BpfObject(object_path("rdma"))
+        try:
+            wanted = {name for p in active for name in p.group.programs(p.mode)}
+            for name, prog in obj.programs.items():
+                prog.autoload = name in wanted
+            obj.map("rdma_objects").set_max_entries(self.config.max_objects)
+            obj.load()
+            obj.attach_all()
+        except BaseException:
+            obj.close()
+            raise
+        self.obj = obj
+
+    def close(self) -> None:
+        if self._pinned:
+            try:
+                os.unlink(OBJECTS_PIN)
+            except OSError:
+                pass
+            self._pinned = False
+        if self.obj is not None:
+            self.obj.close()
+            self.obj = None
+
+    # -- mirror seeding and pinning --------------------------------------
+    def _seed(self) -> None:
+        """Objects created before the probe attached are only known to the
+        kernel's tracker: copy them in, never over what the probe recorded.
+        One destroyed between the listing and the copy was missed by the
+        probe's delete hook, so a second listing drops seeded leftovers."""
+        try:
+            existing = rdma_host.objects()
+            names = rdma_host.devices()
+        except rdma_host.RdmaToolError as exc:
+            log.warning("rdma probe: objects that predate the agent are not mirrored: %s", exc)
+            return
+        devs = self.obj.map("rdma_devices")
+        for index, name in names.items():
+            devs.update(index.to_bytes(4, "little"), name.encode()[:63].ljust(64, b"\0"), BPF_NOEXIST)
+        objects = self.obj.map("rdma_objects")
+        for k in existing:
+            flags = OBJ_F_SEEDED | (OBJ_F_USER if k.pid else 0)
+            mirror = MirrorObject(k.device, k.type, k.id, k.pid, self._cgroup_of(k.pid), 0, flags, k.comm)
+            key, value = encode_object(mirror)
+            try:
+                objects.update(key, value, BPF_NOEXIST)
+                self.seeded += 1
+            except TracehoundError:
+                pass  # the probe saw it first, or the map is full (counted there)
+        try:
+            still = {(k.device, k.type, k.id) for k in rdma_host.objects()}
+        except rdma_host.RdmaToolError:
+            return
+        for key, value in objects.items():
+            o = decode_object(key, value)
+            if o.seeded and (o.device, o.type, o.id) not in still and objects.delete(key):
+                self.seeded -= 1
+
+    def _cgroup_of(self, pid: int) -> int:
+        if not pid or not self.config.cgroup_root:
+            return 0
+        try:
+            with open(f"/proc/{pid}/cgroup") as f:
+                rel = next((ln.split(":", 2)[2].strip() for ln in f if ln.startswith("0::")), None)
+            return os.stat(self.config.cgroup_root.rstrip("/") + (rel or "/")).st_ino if rel else 0
+        except (OSError, IndexError):
+            return 0
+
+    def _pin(self) -> None:
+        pin = _libbpf_fn("bpf_obj_pin", ctypes.c_int, [ctypes.c_int, ctypes.c_char_p])
+        try:
+            os.makedirs(PIN_DIR, exist_ok=True)
+            if os.path.exists(OBJECTS_PIN):
+                os.unlink(OBJECTS_PIN)  # left by an agent that did not exit cleanly
+        except OSError as exc:
+            log.info("rdma probe: mirror not pinned (%s): `tracehound rdma show` sees the kernel only", exc)
+            return
+        ret = pin(self.obj.map("rdma_objects").fd, OBJECTS_PIN.encode())
+        if ret < 0:
+            log.info("rdma probe: cannot pin the mirror at %s: %s", OBJECTS_PIN,
+                     libbpf.strerror(libbpf.errno_of(ret)))
+            return
+        self._pinned = True
+
+    # -- reading ------------------------------------------------------------
+    def snapshot(self, objects: bool = True) -> RdmaSnapshot:
+        return read_snapshot({name: self.obj.map(name) for name in MAPS}, objects)
+
+    def modes(self) -> dict[str, str]:
+        """probe name ('rdma.restrack', ...) -> hook mode in use."""
+        if not self.available:
+            return {}
+        return {f"rdma.{p.group.name}": p.mode for p in self.plans if p.mode}
+
+    def missing(self) -> dict[str, str]:
+        """Groups left without a hook while the others run, and why."""
+        if not self.available:
+            return {}
+        return {f"rdma.{p.group.name}": self.why_not(p) for p in self.plans if not p.mode}
+
+
+class PinnedObjects:
+    """The mirror pinned by a running agent, read from another process."""
+
+    def __init__(self, path: str = OBJECTS_PIN):
+        get = _libbpf_fn("bpf_obj_get", ctypes.c_int, [ctypes.c_char_p])
+        fd = get(path.encode())
+        if fd < 0:
+            raise TracehoundError(f"no RDMA mirror pinned at {path} ({libbpf.strerror(libbpf.errno_of(fd))}):"
+                                  " is the agent running with the rdma probe?")
+        self.fd = fd
+
+    def items(self) -> list[tuple[bytes, bytes]]:
+        lb = libbpf.lib()
+        out = []
+        prev = None
+        key = ctypes.create_string_buffer(OBJ_KEY.size)
+        value = ctypes.create_string_buffer(OBJ_VALUE.size)
+        while lb.bpf_map_get_next_key(self.fd, prev, key) == 0:
+            if lb.bpf_map_lookup_elem(self.fd, key, value) == 0:
+                out.append((key.raw, value.raw))
+            prev = ctypes.create_string_buffer(key.raw, OBJ_KEY.size)
+        return out
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+
+def doctor_line(hook_mode: str = "auto") -> str:
+    """One line for `tracehound doctor`: the mode each RDMA group would use."""
+    absent = subsystem_absent()
+    if absent:
+        return f"rdma         -> not available ({absent})"
+    if hook_mode not in ("auto", *MODES):
+        return f"rdma         -> not available (hook mode {hook_mode} has no RDMA hooks)"
+    if not os.path.exists(object_path("rdma")):
+        return f"rdma         -> not available ({object_path('rdma')} is missing: rebuild the probes)"
+    plans = features.plan(rdma_groups(), hook_mode)
+    chosen = ", ".join(f"{p.group.name} {p.mode or 'NONE'}" for p in plans)
+    why = "; ".join(f"{p.group.name}: {RdmaProbe.why_not(p)}" for p in plans if not p.mode)
+    return f"rdma         -> {chosen}" + (f" ({why})" if why else "")

@@ -1,0 +1,111 @@
+"""Every metric the Grafana dashboard and the alerting rules query exists.
+
+I/O, probe and agent-health names are checked against the real agent's
+/metrics after real I/O. GPU and RDMA names cannot appear on a host without a
+GPU or an RDMA device: they are checked against what their collectors emit,
+the GPU collector over the fake NVML, the RDMA collector over a snapshot of
+the probe's maps."""
+import os
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from tests.kernel.conftest import run_in_cgroup
+from tests.unit.fake_nvml import FakeNvml
+from tests.unit.gpu_helpers import make_collector, make_host
+from tests.unit.test_deploy_dashboard import dashboard_queries, metric_names, rule_queries
+from tests.unit.test_gpu_collector import full_gpu, second_gpu
+from tracehound.collectors.rdma import MirrorObject, RdmaCollector, RdmaSnapshot
+from tracehound.detect.rdma import RdmaDetector
+
+SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"),
+            "summary": ("", "_sum", "_count"), "info": ("_info",)}
+# names only NVML (GPU) or the RDMA probe produce
+DEVICE_PREFIXES = {"gpu": ("tracehound_gpu_", "tracehound_nic_"), "rdma": ("tracehound_rdma_",)}
+
+
+def sample_names(families) -> set[str]:
+    """Names a query may use: a family's sample names by its type, so an empty
+    family counts and a histogram's `_count` is not mistaken for a gauge."""
+    out = set()
+    for fam in families:
+        out.update(fam.name + suffix for suffix in SUFFIXES.get(fam.type, ("",)))
+        out.update(s.name for s in fam.samples)
+    return out
+
+
+def gpu_families(tmp_path):
+    host = make_host(tmp_path, nodes={0: "0-3", 1: "4-7"},
+                     pci={"0000:3b:00.0": 0, "0000:86:00.0": 1},
+                     nics={("net", "eth0"): 0, ("infiniband", "mlx5_0"): 1},
+                     procs={1234: ("/slurm/job_42", "0-3", "0"),
+                            5678: ("/kubepods/pod1", "4-7", "1")})
+    collector = make_collector(FakeNvml([full_gpu(), second_gpu()]), host)
+    return list(collector.collect())
+
+
+class SnapshotProbe:
+    def __init__(self, snapshot):
+        self._snapshot = snapshot
+
+    def snapshot(self):
+        return self._snapshot
+
+
+class Cgroups:
+    def new_scrape(self):
+        pass
+
+    def path(self, cgroup_id):
+        return f"/job/{cgroup_id}"
+
+
+def rdma_families():
+    snap = RdmaSnapshot(
+        objects=[MirrorObject(0, "qp", 17, 4242, 99, 1, 1, "ib_write_bw")],
+        verbs={("reg_mr", 0): 5, ("reg_mr", 12): 2},
+        events={(0, 1, "PORT_ERR"): 1},
+        qp_states={"RTS": 1}, health={"objects_full": 0}, devices={0: "rxe0"})
+    return list(RdmaCollector(SnapshotProbe(snap), Cgroups(), RdmaDetector()).collect())
+
+
+def used_names() -> dict[str, list[str]]:
+    used: dict[str, list[str]] = {}
+    for where, text in dashboard_queries() + rule_queries():
+        for name in metric_names(text):
+            used.setdefault(name, []).append(where)
+    return used
+
+
+def test_dashboard_and_alert_metrics_exist(agent, cgroup_root, cgroup, tmpfs, tmp_path):
+    d = os.path.join(tmpfs, "dash-" + cgroup.rsplit("/", 1)[1])
+    # every operation, so every I/O family has samples for this cgroup
+    run_in_cgroup(cgroup_root, cgroup, [
+        ["mkdir", d], ["write", d + "/f", 100_000, 4096], ["read", d + "/f", 4096],
+        ["fsync", d + "/f"], ["create", d + "/g"], ["open", d + "/missing"],
+        ["rename", d + "/g", d + "/h"], ["unlink", d + "/h"], ["unlink", d + "/f"],
+        ["rmdir", d],
+    ])
+    text = agent.scrape_text()
+    assert f'cgroup="{cgroup}"' in text
+    exported = {"agent": sample_names(text_string_to_metric_families(text)),
+                "gpu": sample_names(gpu_families(tmp_path)),
+                "rdma": sample_names(rdma_families())}
+    used = used_names()
+    assert len(used) > 40
+    missing = []
+    for name, where in sorted(used.items()):
+        source = next((dev for dev, prefixes in DEVICE_PREFIXES.items()
+                       if name.startswith(prefixes)), "agent")
+        # a device metric may also come from the agent, if this host has the device
+        if name not in exported[source] and name not in exported["agent"]:
+            missing.append(f"{name} ({source}; used by {', '.join(where)})")
+    assert missing == [], "queried but never exported:\n" + "\n".join(missing)
+
+
+def test_sample_names_follow_family_types():
+    fams = list(text_string_to_metric_families(
+        "# TYPE a_seconds histogram\n"
+        'a_seconds_bucket{le="+Inf"} 1\na_seconds_sum 0.5\na_seconds_count 1\n'
+        "# TYPE b counter\nb_total 3\n# TYPE c_count gauge\nc_count 1\n"))
+    assert sample_names(fams) == {"a_seconds_bucket", "a_seconds_sum", "a_seconds_count",
+                                  "b_total", "c_count"}

@@ -1,0 +1,155 @@
+"""Decoding the RDMA probe's maps, the metric families built from them, the
+kernel view's JSON and the per-process table."""
+import struct
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from tracehound.collectors import rdma as c
+from tracehound.host import rdma as kernel_view
+from tracehound.host.rdma_view import build_view, format_view
+
+
+class FakeMap:
+    def __init__(self, items=(), array=None):
+        self._items = list(items)
+        self._array = array or {}
+
+    def items(self):
+        return self._items
+
+    def lookup(self, key):
+        idx = struct.unpack("=I", key)[0]
+        return struct.pack("=Q", self._array[idx]) if idx in self._array else None
+
+
+def obj(dev, type_idx, oid, tgid, cgid, flags, comm, created=5):
+    return (c.OBJ_KEY.pack(dev, type_idx, oid, 0),
+            c.OBJ_VALUE.pack(cgid, created, tgid, flags, comm.encode()))
+
+
+def maps():
+    types = {t: i for i, t in enumerate(kernel_view.TYPES)}
+    return {
+        "rdma_objects": FakeMap([
+            obj(0, types["qp"], 17, 300, 42, c.OBJ_F_USER, "trainer"),
+            obj(0, types["mr"], 0, 300, 42, c.OBJ_F_USER, "trainer"),
+            obj(0, types["pd"], 0, 0, 0, c.OBJ_F_SEEDED, "ib_core", created=0),
+            obj(1, types["cq"], 3, 301, 43, c.OBJ_F_USER | c.OBJ_F_SEEDED, "other"),
+        ]),
+        "rdma_verbs": FakeMap([
+            (c.VERB_KEY.pack(c.OPS.index("reg_mr"), 0), struct.pack("=Q", 5)),
+            (c.VERB_KEY.pack(c.OPS.index("reg_mr"), 12), struct.pack("=Q", 2)),     # ENOMEM
+            (c.VERB_KEY.pack(c.OPS.index("create_cq"), 11), struct.pack("=Q", 1)),  # EAGAIN
+            (c.VERB_KEY.pack(c.OPS.index("destroy_qp"), 16), struct.pack("=Q", 1)),  # EBUSY
+        ]),
+        "rdma_events": FakeMap([
+            (c.EVENT_KEY.pack(0, 1, c.EVENTS.index("PORT_ERR"), 0), struct.pack("=Q", 2)),
+            (c.EVENT_KEY.pack(0, 1, 99, 0), struct.pack("=Q", 1)),   # newer kernel's event
+        ]),
+        "rdma_qp_states": FakeMap(array={1: 3, 2: 2, 3: 2}),
+        "rdma_health": FakeMap(array={1: 4}),
+        "rdma_devices": FakeMap([(struct.pack("=I", 0), b"rxe0".ljust(64, b"\0"))]),
+    }
+
+
+class FakeProbe:
+    def snapshot(self, objects=True):
+        return c.read_snapshot(maps(), objects)
+
+
+class FakeCgroups:
+    def new_scrape(self):
+        pass
+
+    def path(self, cgid):
+        return {42: "/job/a", 43: "/job/b"}.get(cgid, f"unknown:{cgid}")
+
+
+def scrape(collector) -> dict:
+    reg = CollectorRegistry(auto_describe=False)
+    reg.register(collector)
+    text = generate_latest(reg).decode()
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def test_snapshot_decodes_every_map():
+    snap = c.read_snapshot(maps())
+    assert [(o.type, o.id, o.tgid, o.comm, o.user, o.seeded) for o in snap.objects] == [
+        ("qp", 17, 300, "trainer", True, False), ("mr", 0, 300, "trainer", True, False),
+        ("pd", 0, 0, "ib_core", False, True), ("cq", 3, 301, "other", True, True)]
+    assert snap.calls("reg_mr") == 7
+    assert snap.errors() == {("reg_mr", 12): 2, ("create_cq", 11): 1, ("destroy_qp", 16): 1}
+    assert snap.events == {(0, 1, "PORT_ERR"): 2, (0, 1, "99"): 1}
+    assert snap.qp_states["INIT"] == 3 and snap.qp_states["RESET"] == 0
+    assert snap.health == {"objects_full": 0, "unknown_del": 4, "pending_full": 0}
+    assert snap.object_counts() == {(0, "qp"): 1, (0, "mr"): 1, (0, "pd"): 1, (1, "cq"): 1}
+    assert snap.device_name(0) == "rxe0" and snap.device_name(1) == "dev1"
+    assert c.read_snapshot(maps(), objects=False).objects == []
+
+
+def test_encode_object_round_trips():
+    o = c.MirrorObject(2, "srq", 9, 77, 1234, 0, c.OBJ_F_USER | c.OBJ_F_SEEDED, "x" * 20)
+    back = c.decode_object(*c.encode_object(o))
+    assert back == c.MirrorObject(2, "srq", 9, 77, 1234, 0, o.flags, "x" * 15)
+
+
+def test_collector_metric_families():
+    m = scrape(c.RdmaCollector(FakeProbe(), FakeCgroups()))
+    objs = {k: v for k, v in m.items() if k[0] == "tracehound_rdma_objects"}
+    assert objs == {
+        ("tracehound_rdma_objects", (("cgroup", "/job/a"), ("device", "rxe0"), ("type", "mr"))): 1,
+        ("tracehound_rdma_objects", (("cgroup", "/job/a"), ("device", "rxe0"), ("type", "qp"))): 1,
+        ("tracehound_rdma_objects", (("cgroup", "kernel"), ("device", "rxe0"), ("type", "pd"))): 1,
+        ("tracehound_rdma_objects", (("cgroup", "/job/b"), ("device", "dev1"), ("type", "cq"))): 1,
+    }
+    assert m[("tracehound_rdma_verb_calls_total", (("op", "reg_mr"),))] == 7
+    assert m[("tracehound_rdma_verb_calls_total", (("op", "create_srq"),))] == 0
+    assert m[("tracehound_rdma_verb_errors_total", (("errno", "ENOMEM"), ("op", "reg_mr")))] == 2
+    assert m[("tracehound_rdma_verb_errors_total", (("errno", "EAGAIN"), ("op", "create_cq")))] == 1
+    assert m[("tracehound_rdma_async_events_total",
+              (("device", "rxe0"), ("event", "PORT_ERR"), ("port", "1")))] == 2
+    assert m[("tracehound_rdma_qp_transitions_total", (("to_state", "RTS"),))] == 2
+    assert m[("tracehound_rdma_mirror_drops_total", (("reason", "unknown_del"),))] == 4
+
+
+def test_errno_names_fall_back_to_numbers():
+    assert c.errno_name(12) == "ENOMEM" and c.errno_name(11) == "EAGAIN"
+    assert c.errno_name(4000) == "4000"
+
+
+SUMMARY = [{"ifindex": 0, "ifname": "rxe0", "pd": 2, "cq": 2, "qp": 2, "cm_id": 0, "mr": 1,
+            "ctx": 1, "srq": 0}]
+QPS = [{"ifindex": 0, "ifname": "rxe0", "port": 1, "lqpn": 17, "type": "RC", "state": "RTS",
+        "pid": 319, "comm": "python3"},
+       {"ifindex": 0, "ifname": "rxe0", "port": 1, "lqpn": 1, "type": "GSI", "state": "RTS",
+        "comm": "ib_core"}]
+
+
+def test_kernel_view_json():
+    assert kernel_view.parse_summary(SUMMARY)[(0, "pd")] == 2
+    assert kernel_view.parse_summary(SUMMARY)[(0, "srq")] == 0
+    qps = kernel_view.parse_objects("qp", QPS)
+    # the tracker keys special QPs by number | port << 24
+    assert [(q.id, q.pid, q.comm) for q in qps] == [(17, 319, "python3"), (1 | 1 << 24, 0, "ib_core")]
+    mrs = kernel_view.parse_objects("mr", [{"ifindex": 0, "ifname": "rxe0", "mrn": 4, "pid": 9}])
+    assert mrs[0].id == 4 and mrs[0].type == "mr"
+
+
+def test_process_view_joins_kernel_and_mirror():
+    kernel = kernel_view.parse_objects("qp", QPS)
+    mirror = [c.MirrorObject(0, "qp", 17, 319, 42, 1_000_000_000, c.OBJ_F_USER, "python3"),
+              c.MirrorObject(0, "mr", 5, 319, 42, 0, c.OBJ_F_USER, "python3")]
+    view = build_view(kernel, mirror, {0: "rxe0"}, pid=319, now_ns=3_000_000_000)
+    rows = {(r.type, r.id): r for r in view.rows}
+    assert set(rows) == {("qp", 17), ("mr", 5)}
+    assert rows[("qp", 17)].in_kernel and rows[("qp", 17)].in_mirror
+    assert rows[("qp", 17)].age_s == 2.0
+    assert not rows[("mr", 5)].in_kernel and rows[("mr", 5)].age_s is None
+    assert view.counts() == {"qp": (1, 1), "mr": (0, 1)}
+    text = format_view(view)
+    assert "objects (kernel/mirror): mr 0/1, qp 1/1" in text
+    no_agent = build_view(kernel, None, {}, pid=319)
+    assert "no agent with the rdma probe" in format_view(no_agent)
+    assert " - " in format_view(no_agent).splitlines()[1]

@@ -1,0 +1,393 @@
+"""The RDMA scenario, run as root inside the VM (see test_vm_rdma.py).
+
+    rdma_guest_checks.py RESULTS_DIR
+
+Sets up soft-RoCE on a veth pair, starts the agent, drives a real verbs
+program (rdma_verbs_app.py) through holding, exiting, being killed, a tiny
+RLIMIT_MEMLOCK and an rdma cgroup limit, takes the port down, then repeats
+the core checks in kprobe mode. Every check is written to
+RESULTS_DIR/checks.json as soon as it is decided, so a crash part-way still
+reports what ran.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from tracehound.host import rdma as kernel_view
+
+HERE = Path(__file__).resolve().parent
+APP = HERE / "rdma_verbs_app.py"
+PY = sys.executable
+CG = os.environ.get("TRACEHOUND_VM_CGROUP2", "/sys/fs/cgroup")
+DEVICE, NETDEV, PEER = "rxe0", "thveth0", "thveth1"
+GRACE_S = 2.0
+TYPES = ("ctx", "pd", "cq", "mr", "srq", "qp")
+STEP_OP = {"ctx": "create_ctx", "pd": "alloc_pd", "cq": "create_cq", "mr": "reg_mr",
+           "srq": "create_srq", "qp": "create_qp"}
+NO_CAP_IPC_LOCK = ["setpriv", "--inh-caps=-ipc_lock", "--bounding-set=-ipc_lock"]
+
+
+class Checks:
+    def __init__(self, results: Path):
+        self.path = results / "checks.json"
+        self.data = {"checks": {}, "timings": {}}
+
+    def record(self, name: str, ok: bool, detail="") -> bool:
+        self.data["checks"][name] = {"ok": bool(ok), "detail": str(detail)[:6000]}
+        self.path.write_text(json.dumps(self.data, indent=1))
+        print(f"CHECK {name} {'ok' if ok else 'FAIL'}: {str(detail)[:200]}", flush=True)
+        return bool(ok)
+
+    def timing(self, name: str, seconds: float) -> None:
+        self.data["timings"][name] = round(seconds, 3)
+        self.path.write_text(json.dumps(self.data, indent=1))
+
+
+def sh(cmd: str) -> str:
+    out = subprocess.run(cmd, shell=True, capture_output=True, text=True, check=False)
+    if out.returncode:
+        raise RuntimeError(f"{cmd}: exit {out.returncode}: {out.stderr.strip()}")
+    return out.stdout
+
+
+def wait_until(fn, timeout: float, interval: float = 0.1):
+    deadline = time.monotonic() + timeout
+    while True:
+        value = fn()
+        if value or time.monotonic() > deadline:
+            return value
+        time.sleep(interval)
+
+
+class Lines:
+    """A child's output lines, collected by a thread so pipes never fill."""
+
+    def __init__(self, stream):
+        self.lines: list[str] = []
+        self.queue: queue.Queue = queue.Queue()
+        threading.Thread(target=self._read, args=(stream,), daemon=True).start()
+
+    def _read(self, stream):
+        for line in stream:
+            self.lines.append(line)
+            self.queue.put(line)
+        self.queue.put(None)
+
+    def wait_for(self, prefix: str, timeout: float) -> str | None:
+        deadline = time.monotonic() + timeout
+        while (left := deadline - time.monotonic()) > 0:
+            try:
+                line = self.queue.get(timeout=left)
+            except queue.Empty:
+                return None
+            if line is None:
+                return None
+            if line.startswith(prefix):
+                return line
+        return None
+
+    def text(self) -> str:
+        return "".join(self.lines)
+
+
+class Agent:
+    def __init__(self, *extra: str):
+        self.proc = subprocess.Popen(
+            [PY, "-m", "tracehound", "run", "--listen", "127.0.0.1:0",
+             "--rdma-grace", str(GRACE_S), *extra],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.out = Lines(self.proc.stdout)
+        line = self.out.wait_for("tracehound: serving metrics on ", 240)
+        if line is None:
+            raise RuntimeError("agent did not start:\n" + self.out.text())
+        self.url = line.split()[-1]
+        # probes are reported once the probe-info collector answers for rdma
+        wait_until(lambda: "rdma" in self.out.text() and self.scrape_ok(), 120, 0.5)
+
+    def scrape_ok(self) -> bool:
+        try:
+            return any(n == "tracehound_probe_info" for (n, _) in self.metrics())
+        except OSError:
+            return False
+
+    def metrics(self) -> dict:
+        with urllib.request.urlopen(self.url, timeout=20) as r:
+            text = r.read().decode()
+        return {(s.name, frozenset(s.labels.items())): s.value
+                for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+    def value(self, name: str, **labels) -> float:
+        want = set(labels.items())
+        return sum(v for (n, ls), v in self.metrics().items() if n == name and want <= set(ls))
+
+    def by_label(self, name: str, label: str, **labels) -> dict[str, float]:
+        want, out = set(labels.items()), {}
+        for (n, ls), v in self.metrics().items():
+            if n == name and want <= set(ls):
+                key = dict(ls)[label]
+                out[key] = out.get(key, 0) + v
+        return out
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            self.proc.kill()
+            return -9
+
+
+class App:
+    """rdma_verbs_app.py started inside a cgroup (before it creates anything)."""
+
+    def __init__(self, cgroup: str, *args: str, wrap=()):
+        procs = f"{CG}{cgroup}/cgroup.procs"
+        self.proc = subprocess.Popen(
+            ["sh", "-c", 'echo $$ > "$0" && exec "$@"', procs, *wrap, PY, str(APP), *args],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.out = Lines(self.proc.stdout)
+        line = self.out.wait_for("RESULT ", 180)
+        if line is None:
+            self.proc.kill()
+            raise RuntimeError("verbs app gave no result:\n" + self.out.text())
+        self.result = json.loads(line[len("RESULT "):])
+        self.pid = self.result["pid"]
+
+    def exit(self) -> None:
+        self.proc.stdin.write("\n")
+        self.proc.stdin.flush()
+        self.proc.wait(timeout=60)
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=60)
+
+
+def kernel_counts(pid: int) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for o in kernel_view.objects(pid=pid):
+        out[o.type] = out.get(o.type, 0) + 1
+    return out
+
+
+def mirror_counts(agent: Agent, cgroup: str) -> dict[str, int]:
+    return {t: int(n) for t, n in agent.by_label("tracehound_rdma_objects", "type",
+                                                 cgroup=cgroup).items() if n}
+
+
+def totals_agree(agent: Agent):
+    """Mirror vs `rdma resource show` for every (device, type); the diff or {}"""
+    names = kernel_view.devices()
+    kernel = {(names.get(d, str(d)), t): n for (d, t), n in kernel_view.summary().items() if n}
+    mirror = {}
+    for (n, ls), v in agent.metrics().items():
+        if n == "tracehound_rdma_objects" and v:
+            ls = dict(ls)
+            key = (ls["device"], ls["type"])
+            mirror[key] = mirror.get(key, 0) + int(v)
+    return {k: (mirror.get(k, 0), kernel.get(k, 0))
+            for k in set(kernel) | set(mirror) if mirror.get(k, 0) != kernel.get(k, 0)}
+
+
+def setup_rxe() -> None:
+    sh("modprobe rdma_rxe && modprobe ib_uverbs")
+    sh(f"ip link add {NETDEV} type veth peer name {PEER}")
+    sh(f"ip link set {NETDEV} up && ip link set {PEER} up")
+    sh(f"rdma link add {DEVICE} type rxe netdev {NETDEV}")
+    port = f"/sys/class/infiniband/{DEVICE}/ports/1/state"
+    if not wait_until(lambda: "ACTIVE" in Path(port).read_text(), 30):
+        raise RuntimeError(f"{DEVICE} port never became ACTIVE: {Path(port).read_text()}")
+    sh(f"echo +rdma > {CG}/cgroup.subtree_control")
+    for d in ("rdmatest", "rdmatest/app", "rdmatest/limited"):
+        os.makedirs(f"{CG}/{d}", exist_ok=True)
+        if d == "rdmatest":
+            sh(f"echo +rdma > {CG}/{d}/cgroup.subtree_control")
+    Path(f"{CG}/rdmatest/limited/rdma.max").write_text(f"{DEVICE} hca_handle=1 hca_object=1\n")
+
+
+def objects_scenario(c: Checks, agent: Agent, prefix: str = "") -> None:
+    """hold -> compare with the kernel -> exit -> kill -9"""
+    app = App("/rdmatest/app", "--connect", "--hold")
+    steps = app.result["steps"]
+    c.record(prefix + "app_created_objects",
+             all(steps.get(s) == "ok" for s in TYPES) and app.result.get("connect") == "ok",
+             app.result)
+    want = {t: 1 for t in TYPES}
+    seen = wait_until(lambda: (kernel_counts(app.pid), mirror_counts(agent, "/rdmatest/app"))
+                      if kernel_counts(app.pid) == mirror_counts(agent, "/rdmatest/app") == want
+                      else None, 10, 0.3)
+    if not seen:
+        seen = (kernel_counts(app.pid), mirror_counts(agent, "/rdmatest/app"))
+    c.record(prefix + "objects_match_kernel", seen[0] == seen[1] == want,
+             f"kernel {seen[0]}, mirror {seen[1]}, expected {want}")
+    if not prefix:
+        calls = agent.by_label("tracehound_rdma_verb_calls_total", "op")
+        missing = [op for op in STEP_OP.values() if calls.get(op, 0) < 1]
+        c.record("verb_calls_counted", not missing, f"calls {calls}; none for {missing}")
+        states = agent.by_label("tracehound_rdma_qp_transitions_total", "to_state")
+        c.record("qp_transitions_counted", all(states.get(s, 0) >= 1 for s in ("INIT", "RTR", "RTS")),
+                 states)
+        show = subprocess.run([PY, "-m", "tracehound", "rdma", "show", "--pid", str(app.pid)],
+                              capture_output=True, text=True, check=False)
+        rows = [ln.split() for ln in show.stdout.splitlines()]
+        both = {r[1] for r in rows if len(r) >= 7 and r[5] == "yes" and r[6] == "yes"}
+        c.record("rdma_show_cli", show.returncode == 0 and both >= set(TYPES),
+                 f"rc {show.returncode}; in both views: {sorted(both)}\n{show.stdout}{show.stderr}")
+    app.exit()
+    gone = wait_until(lambda: not kernel_counts(app.pid) and not mirror_counts(agent, "/rdmatest/app"), 15)
+    c.record(prefix + "objects_released_on_exit", gone,
+             f"kernel {kernel_counts(app.pid)}, mirror {mirror_counts(agent, '/rdmatest/app')}")
+
+    app = App("/rdmatest/app", "--hold")
+    held = wait_until(lambda: mirror_counts(agent, "/rdmatest/app") == {t: 1 for t in TYPES}, 10)
+    app.kill()
+    gone = wait_until(lambda: not kernel_counts(app.pid) and not mirror_counts(agent, "/rdmatest/app"), 15)
+    c.record(prefix + "objects_released_on_kill", held and gone,
+             f"held before kill: {held}; after: kernel {kernel_counts(app.pid)}, "
+             f"mirror {mirror_counts(agent, '/rdmatest/app')}")
+
+
+def anomaly_events(agent: Agent, kind: str, **fields) -> list[dict]:
+    """The agent's JSON event lines of this kind (after the log prefix)."""
+    out = []
+    for line in list(agent.out.lines):
+        if '"rdma_anomaly"' in line and "{" in line:
+            event = json.loads(line[line.index("{"):])
+            if event["kind"] == kind and all(event.get(k) == v for k, v in fields.items()):
+                out.append(event)
+    return out
+
+
+def memlock_scenario(c: Checks, agent: Agent, prefix: str = "") -> None:
+    before = agent.value("tracehound_rdma_verb_errors_total", op="reg_mr", errno="ENOMEM")
+    seen_events = len(anomaly_events(agent, "error_burst", op="reg_mr"))
+    wrap = [*NO_CAP_IPC_LOCK, "prlimit", "--memlock=65536:65536"]
+    app = App("/rdmatest/app", "--mr-size", str(1 << 20), wrap=wrap)
+    failed = app.result["steps"].get("mr")
+    counted = wait_until(lambda: agent.value("tracehound_rdma_verb_errors_total", op="reg_mr",
+                                             errno="ENOMEM") > before, 5, 0.05)
+    c.record(prefix + "reg_mr_enomem_counted", failed == "ENOMEM" and counted,
+             f"app steps {app.result['steps']}; counter grew: {bool(counted)}")
+    if not prefix:
+        # the event's own timestamp: when the agent decided, not when this loop looked
+        events = wait_until(lambda: anomaly_events(agent, "error_burst", op="reg_mr")[seen_events:], 5)
+        latency = None
+        if events and app.result["failed_at"]:
+            fired = datetime.datetime.fromisoformat(events[0]["time"]).timestamp()
+            latency = fired - app.result["failed_at"]
+            c.timing("reg_mr_anomaly_latency_s", latency)
+        c.record("reg_mr_anomaly_within_1s", latency is not None and latency <= 1.0,
+                 f"anomaly {f'after {latency:.3f} s' if latency is not None else 'never raised'}; "
+                 f"counter {agent.value('tracehound_rdma_anomalies_total', kind='error_burst')}")
+        c.record("anomaly_event_logged", bool(events), events[:1] or agent.out.text()[-2000:])
+    app.proc.wait(timeout=60)
+
+
+def rdmacg_scenario(c: Checks, agent: Agent) -> None:
+    app = App("/rdmatest/limited")
+    app.proc.wait(timeout=60)
+    steps = app.result["steps"]
+    failed = next(((s, r) for s, r in steps.items() if r != "ok"), None)
+    op = STEP_OP.get(failed[0]) if failed else None
+    counted = op and wait_until(lambda: agent.value("tracehound_rdma_verb_errors_total", op=op,
+                                                    errno="EAGAIN") >= 1, 5)
+    c.record("rdmacg_eagain_counted", failed is not None and failed[1] == "EAGAIN" and counted,
+             f"app steps {steps}; counted as {op}/EAGAIN: {bool(counted)}; errors "
+             f"{agent.by_label('tracehound_rdma_verb_errors_total', 'errno')}")
+
+
+def port_scenario(c: Checks, agent: Agent) -> None:
+    sh(f"ip link set {NETDEV} down")
+    err = wait_until(lambda: agent.value("tracehound_rdma_async_events_total", device=DEVICE,
+                                         event="PORT_ERR") >= 1, 10)
+    flagged = wait_until(lambda: agent.value("tracehound_rdma_anomalies_total", kind="port_error") >= 1, 5)
+    events = agent.by_label("tracehound_rdma_async_events_total", "event")
+    c.record("port_error_event_counted", err and flagged, f"events {events}; anomaly raised: {bool(flagged)}")
+    sh(f"ip link set {NETDEV} up")
+    up = wait_until(lambda: agent.value("tracehound_rdma_async_events_total", device=DEVICE,
+                                        event="PORT_ACTIVE") >= 1, 15)
+    c.record("port_active_event_counted", up, agent.by_label("tracehound_rdma_async_events_total", "event"))
+    wait_until(lambda: "ACTIVE" in Path(f"/sys/class/infiniband/{DEVICE}/ports/1/state").read_text(), 30)
+
+
+def injected_divergence_scenario(c: Checks, agent: Agent) -> None:
+    """A QP only the mirror has, owned by a pid that does not exist: what a
+    missed delete looks like. Written through the map the agent pins."""
+    from tracehound.bpf import libbpf
+    from tracehound.collectors.rdma import OBJ_F_USER, MirrorObject, encode_object
+    from tracehound.probes.rdma import PinnedObjects
+
+    key, value = encode_object(MirrorObject(0, "qp", 0xFFFFF0, 4_000_000, 0, 1, OBJ_F_USER, "ghost"))
+    pinned = PinnedObjects()
+    try:
+        libbpf.lib().bpf_map_update_elem(pinned.fd, key, value, 0)
+        flagged = wait_until(lambda: agent.value("tracehound_rdma_anomalies_total", kind="leaked_objects") >= 1
+                             and agent.value("tracehound_rdma_anomalies_total", kind="mirror_mismatch") >= 1,
+                             GRACE_S + 15, 0.5)
+        anomalies = agent.by_label("tracehound_rdma_anomalies_total", "kind")
+        c.record("injected_leak_flagged", anomalies.get("leaked_objects", 0) >= 1,
+                 f"{anomalies}; events {anomaly_events(agent, 'leaked_objects')}")
+        c.record("injected_mismatch_flagged", flagged, f"{anomalies}; events "
+                 f"{anomaly_events(agent, 'mirror_mismatch')}")
+    finally:
+        libbpf.lib().bpf_map_delete_elem(pinned.fd, key)
+        pinned.close()
+
+
+def main(results: Path) -> int:
+    c = Checks(results)
+    t0 = time.monotonic()
+    setup_rxe()
+    agent = Agent()
+    c.timing("agent_start_s", time.monotonic() - t0)
+    try:
+        modes = {ln.split()[2]: ln.split()[4] for ln in agent.out.lines if ln.startswith("tracehound: probe rdma.")}
+        c.record("fentry_mode_attached", modes and set(modes.values()) == {"fentry"},
+                 modes or agent.out.text())
+        agree = wait_until(lambda: not totals_agree(agent), 10, 0.5)
+        c.record("mirror_matches_kernel_at_start", agree,
+                 f"(mirror, kernel) differ: {totals_agree(agent)}")
+        objects_scenario(c, agent)
+        memlock_scenario(c, agent)
+        rdmacg_scenario(c, agent)
+        port_scenario(c, agent)
+        time.sleep(GRACE_S + 5.5)   # past the grace period and one mirror-vs-kernel check
+        anomalies = agent.by_label("tracehound_rdma_anomalies_total", "kind")
+        c.record("no_leak_flagged", anomalies.get("leaked_objects", -1) == 0, anomalies)
+        c.record("no_mirror_mismatch", anomalies.get("mirror_mismatch", -1) == 0,
+                 f"{anomalies}; now differing: {totals_agree(agent)}")
+        injected_divergence_scenario(c, agent)
+    finally:
+        rc = agent.stop()
+        c.record("agent_stops_cleanly", rc == 0 and "probes detached" in agent.out.text(),
+                 f"exit {rc}\n{agent.out.text()[-3000:]}")
+
+    t1 = time.monotonic()
+    agent = Agent("--hook-mode", "kprobe")
+    c.timing("kprobe_agent_start_s", time.monotonic() - t1)
+    try:
+        modes = {ln.split()[2]: ln.split()[4] for ln in agent.out.lines if ln.startswith("tracehound: probe rdma.")}
+        c.record("kprobe_mode_attached", modes and set(modes.values()) == {"kprobe"},
+                 modes or agent.out.text())
+        objects_scenario(c, agent, prefix="kprobe_")
+        memlock_scenario(c, agent, prefix="kprobe_")
+    finally:
+        agent.stop()
+    c.timing("scenario_s", time.monotonic() - t0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(Path(sys.argv[1])))
