@@ -65,7 +65,8 @@ class Agent:
             self.cgroups.close()
             raise
         # RDMA is optional: a host without it gets a reason, never an error
-        self.rdma = open_rdma(self.config.hook_mode, self.cgroups.root, self.config.rdma_grace_s)
+        self.rdma = open_rdma(self.config.hook_mode, self.cgroups.root, self.config.rdma_grace_s,
+                              self.workloads)
         for collector in self.rdma.collectors():
             self.registry.register(collector)
         self.registry.register(ProbeInfoCollector([self.io, self.rdma.probe]))

@@ -97,7 +97,9 @@ def test_encode_object_round_trips():
 
 def test_collector_metric_families():
     m = scrape(c.RdmaCollector(FakeProbe(), FakeCgroups()))
-    objs = {k: v for k, v in m.items() if k[0] == "tracehound_rdma_objects"}
+    where = ("cgroup", "device", "type")
+    objs = {(k[0], tuple(kv for kv in k[1] if kv[0] in where)): v
+            for k, v in m.items() if k[0] == "tracehound_rdma_objects"}
     assert objs == {
         ("tracehound_rdma_objects", (("cgroup", "/job/a"), ("device", "rxe0"), ("type", "mr"))): 1,
         ("tracehound_rdma_objects", (("cgroup", "/job/a"), ("device", "rxe0"), ("type", "qp"))): 1,
@@ -153,3 +155,13 @@ def test_process_view_joins_kernel_and_mirror():
     no_agent = build_view(kernel, None, {}, pid=319)
     assert "no agent with the rdma probe" in format_view(no_agent)
     assert " - " in format_view(no_agent).splitlines()[1]
+
+
+def test_objects_carry_the_owners_workload():
+    cgroups = FakeCgroups()
+    cgroups.path = lambda cgid: "/system.slice/slurmstepd.scope/job_5/step_0/user/task_2"
+    m = scrape(c.RdmaCollector(FakeProbe(), cgroups))
+    owners = {dict(k[1])["cgroup"]: dict(k[1]) for k in m if k[0] == "tracehound_rdma_objects"}
+    job = owners["/system.slice/slurmstepd.scope/job_5/step_0/user/task_2"]
+    assert (job["workload"], job["job_id"], job["step"], job["task"]) == ("slurm", "5", "0", "2")
+    assert owners["kernel"]["workload"] == "" and owners["kernel"]["job_id"] == ""

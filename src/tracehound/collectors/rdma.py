@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from ..attribution.resolver import WorkloadResolver
+from ..attribution.workload import WORKLOAD_LABELS
 from ..host.rdma import TYPES
 
 OPS = ("create_ctx", "alloc_pd", "create_cq", "create_qp", "reg_mr", "create_srq",
@@ -134,10 +136,11 @@ def read_snapshot(maps, objects: bool = True) -> RdmaSnapshot:
 class RdmaCollector:
     """prometheus_client collector over a started RdmaProbe."""
 
-    def __init__(self, probe, cgroups, detector=None):
+    def __init__(self, probe, cgroups, detector=None, workloads=None):
         self.probe = probe
         self.cgroups = cgroups
         self.detector = detector
+        self.workloads = workloads or WorkloadResolver(job_id_source=None, pod_source=None)
 
     def owner_label(self, obj: MirrorObject) -> str:
         return self.cgroups.path(obj.cgroup_id) if obj.user else KERNEL_OWNER
@@ -149,10 +152,12 @@ class RdmaCollector:
             "tracehound_rdma_objects",
             "Live RDMA objects in the kernel's resource tracker, mirrored in BPF "
             f"(cgroup '{KERNEL_OWNER}': owned by a kernel module).",
-            labels=["device", "type", "cgroup"])
-        counts: dict[tuple[str, str, str], int] = {}
+            labels=["device", "type", "cgroup", *WORKLOAD_LABELS])
+        counts: dict[tuple[str, ...], int] = {}
         for o in snap.objects:
-            key = (snap.device_name(o.device), o.type, self.owner_label(o))
+            owner = self.owner_label(o)
+            workload = self.workloads.labels(owner) if o.user else ("",) * len(WORKLOAD_LABELS)
+            key = (snap.device_name(o.device), o.type, owner, *workload)
             counts[key] = counts.get(key, 0) + 1
         for labels, n in sorted(counts.items()):
             objects.add_metric(list(labels), n)
@@ -222,7 +227,8 @@ class RdmaRuntime:
         self.probe.close()
 
 
-def open_rdma(hook_mode: str, cgroup_root: str, grace_s: float = 10.0) -> RdmaRuntime:
+def open_rdma(hook_mode: str, cgroup_root: str, grace_s: float = 10.0,
+              workloads=None) -> RdmaRuntime:
     # imported here: the probe module decodes its maps with this one
     from ..attribution.cgroups import CgroupResolver
     from ..detect.rdma import RdmaDetector, RdmaDetectorConfig, RdmaWatcher
@@ -241,4 +247,4 @@ def open_rdma(hook_mode: str, cgroup_root: str, grace_s: float = 10.0) -> RdmaRu
 
     detector = RdmaDetector(RdmaDetectorConfig(grace_s=grace_s), cgroup_path=cgroup_path)
     watcher = RdmaWatcher(probe, detector, kernel_view=summary).start()
-    return RdmaRuntime(probe, RdmaCollector(probe, cgroups, detector), watcher)
+    return RdmaRuntime(probe, RdmaCollector(probe, cgroups, detector, workloads), watcher)
