@@ -113,10 +113,17 @@ def cgroup(cgroup_root):
     path = cgroup_root + rel
     os.makedirs(path)
     yield rel
-    for _ in range(50):
+    remove_cgroup(path)
+
+
+def remove_cgroup(path: str, tries: int = 50) -> None:
+    """rmdir a cgroup, waiting for its last processes to be reaped."""
+    for _ in range(tries):
         try:
             os.rmdir(path)
-            break
+            return
+        except FileNotFoundError:
+            return
         except OSError:
             time.sleep(0.1)
 

@@ -11,12 +11,11 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import time
 import uuid
 
 import pytest
 
-from .conftest import run_in_cgroup, series, start_agent, stop_agent
+from .conftest import remove_cgroup, run_in_cgroup, series, start_agent, stop_agent
 
 TAG = uuid.uuid4().hex[:8]
 JOB = str(900000 + int(TAG[:4], 16))
@@ -72,14 +71,7 @@ def trees(cgroup_root):
                 made.append(d)
     yield
     for d in reversed(made):
-        for _ in range(50):
-            try:
-                os.rmdir(d)
-                break
-            except FileNotFoundError:
-                break
-            except OSError:
-                time.sleep(0.1)
+        remove_cgroup(d)
 
 
 @pytest.fixture(scope="module")
@@ -104,12 +96,7 @@ def stepd(cgroup_root, trees):
     yield
     proc.kill()
     proc.wait()
-    for _ in range(50):
-        try:
-            os.rmdir(cgroup_root + path)
-            break
-        except OSError:
-            time.sleep(0.1)
+    remove_cgroup(cgroup_root + path)
     shutil.rmtree(bindir)
 
 
@@ -189,12 +176,7 @@ def test_slurm_v1_job_on_a_hybrid_host(agent, cgroup_root, cgroup, tmpfs):
         holder.stdin.close()
         holder.wait(timeout=30)
         for d in reversed(made):
-            for _ in range(50):
-                try:
-                    os.rmdir(d)
-                    break
-                except OSError:
-                    time.sleep(0.1)
+            remove_cgroup(d)
 
 
 def test_a_cgroup_gone_before_the_scrape_keeps_its_name(agent, cgroup_root, tmpfs):
