@@ -7,7 +7,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tracehound.collectors import rdma as c
 from tracehound.host import rdma as kernel_view
-from tracehound.host.rdma_view import build_view, format_view
+from tracehound.attribution.resolver import WorkloadResolver
+from tracehound.host.rdma_view import ObjectRow, ProcessView, build_view, format_view, label_workloads
 
 
 class FakeMap:
@@ -165,3 +166,19 @@ def test_objects_carry_the_owners_workload():
     job = owners["/system.slice/slurmstepd.scope/job_5/step_0/user/task_2"]
     assert (job["workload"], job["job_id"], job["step"], job["task"]) == ("slurm", "5", "0", "2")
     assert owners["kernel"]["workload"] == "" and owners["kernel"]["job_id"] == ""
+
+
+def test_rows_name_their_workload_and_filter_by_job(tmp_path):
+    cgroups = {10: "/system.slice/slurmstepd.scope/job_77/step_1/user/task_0",
+               11: "/kubepods/besteffort/pod1234/abcd", 12: "/system.slice/sshd.service"}
+    for pid, path in cgroups.items():
+        (tmp_path / str(pid)).mkdir()
+        (tmp_path / str(pid) / "cgroup").write_text(f"0::{path}\n")
+    rows = [ObjectRow("rxe0", "qp", i, pid, "app", True, True) for i, pid in enumerate(cgroups)]
+    rows.append(ObjectRow("rxe0", "mr", 9, 99, "gone", False, True))    # exited: no /proc entry
+    resolver = WorkloadResolver(job_id_source=None, pod_source=None, v1_lookup=False)
+    view = label_workloads(ProcessView(list(rows), []), resolver, proc_root=str(tmp_path))
+    assert [r.workload for r in view.rows] == ["job 77.1", "1234", "sshd.service", ""]
+    assert "job 77.1" in format_view(view)
+    only = label_workloads(ProcessView(list(rows), []), resolver, "77", proc_root=str(tmp_path))
+    assert [r.pid for r in only.rows] == [10]

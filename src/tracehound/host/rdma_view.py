@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass
 
 from . import rdma as kernel_view
+from .mounts import MountTable
 
 
 @dataclass
@@ -23,6 +24,7 @@ class ObjectRow:
     in_kernel: bool
     in_mirror: bool
     age_s: float | None = None   # known when the probe saw it being created
+    workload: str = ""           # job, pod, VM or unit of the owning process
 
 
 @dataclass
@@ -97,13 +99,53 @@ def process_view(pid: int | None = None) -> ProcessView:
     return view
 
 
+def workload_name(pid: int, resolver, proc_root: str = "/proc") -> str:
+    """The most specific workload a process belongs to: Slurm job[.step],
+    namespace/pod, VM, systemd unit; its cgroup path otherwise."""
+    try:
+        with open(f"{proc_root}/{pid}/cgroup") as f:
+            path = next((ln[3:].strip() for ln in f if ln.startswith("0::")), "")
+    except OSError:
+        return ""
+    w = resolver.resolve(path or "/")
+    if w.job_id:
+        return f"job {w.job_id}" + (f".{w.step}" if w.step else "")
+    if w.pod:
+        return f"{w.namespace}/{w.pod}" if w.namespace else w.pod
+    return w.vm or w.unit or path
+
+
+def label_workloads(view: ProcessView, resolver, job: str | None = None,
+                    proc_root: str = "/proc") -> ProcessView:
+    """Name each row's workload; with `job`, keep only the rows of processes
+    whose Slurm job id, pod name (or namespace/pod) or VM is `job`."""
+    names: dict[int, str] = {}
+    keep = []
+    for r in view.rows:
+        if r.pid not in names:
+            names[r.pid] = workload_name(r.pid, resolver, proc_root) if r.pid else ""
+        r.workload = names[r.pid]
+        if job is None or _matches(r.workload, job):
+            keep.append(r)
+    view.rows = keep
+    return view
+
+
+def _matches(name: str, job: str) -> bool:
+    if name.startswith("job "):
+        return name[4:].split(".")[0] == job
+    return name == job or name.rpartition("/")[2] == job
+
+
 def format_view(view: ProcessView) -> str:
-    head = f"{'DEVICE':<10} {'TYPE':<6} {'ID':>10} {'PID':>8} {'COMM':<16} {'KERNEL':<6} {'MIRROR':<6} AGE"
+    head = (f"{'DEVICE':<10} {'TYPE':<6} {'ID':>10} {'PID':>8} {'COMM':<16} {'WORKLOAD':<22} "
+            f"{'KERNEL':<6} {'MIRROR':<6} AGE")
     lines = [head]
     for r in view.rows:
         age = f"{r.age_s:.1f}s" if r.age_s is not None else "-"
         mirror = ("yes" if r.in_mirror else "NO") if view.mirror_known else "-"
         lines.append(f"{r.device:<10} {r.type:<6} {r.id:>10} {r.pid or '-':>8} {r.comm[:16]:<16} "
+                     f"{(r.workload or '-')[:22]:<22} "
                      f"{'yes' if r.in_kernel else 'NO':<6} {mirror:<6} {age}")
     totals = ", ".join(f"{t} {k}/{m}" for t, (k, m) in sorted(view.counts().items()))
     lines.append(f"objects (kernel/mirror): {totals or 'none'}")
@@ -117,16 +159,24 @@ def add_parser(sub) -> None:
     show = actions.add_parser("show", help="list live RDMA objects, per process",
                               description="List the RDMA objects the kernel tracks (rdma resource "
                                           "show) beside the running agent's BPF mirror.")
-    show.add_argument("--pid", type=int, metavar="PID", help="only the objects this process holds")
+    who = show.add_mutually_exclusive_group()
+    who.add_argument("--pid", type=int, metavar="PID", help="only the objects this process holds")
+    who.add_argument("--job", metavar="ID",
+                     help="only the objects of one workload's processes: a Slurm job id, a pod "
+                          "(name or namespace/pod) or a VM name")
     show.set_defaults(handler=_show)
 
 
 def _show(args) -> int:
     from ..errors import TracehoundError
 
+    from ..attribution.resolver import WorkloadResolver
+
     view = process_view(args.pid)
     if not view.kernel_known and not view.mirror_known:
         raise TracehoundError("rdma show: " + view.notes[0].removeprefix("kernel: ")
                               + ", and no agent with the rdma probe is running")
+    root = MountTable().cgroup2_root()
+    label_workloads(view, WorkloadResolver(root), args.job)
     print(format_view(view))
     return 0
