@@ -242,7 +242,8 @@ def objects_scenario(c: Checks, agent: Agent, prefix: str = "") -> None:
         show = subprocess.run([PY, "-m", "tracehound", "rdma", "show", "--pid", str(app.pid)],
                               capture_output=True, text=True, check=False)
         rows = [ln.split() for ln in show.stdout.splitlines()]
-        both = {r[1] for r in rows if len(r) >= 7 and r[5] == "yes" and r[6] == "yes"}
+        # KERNEL and MIRROR are the two columns before AGE
+        both = {r[1] for r in rows if len(r) >= 8 and r[-3] == "yes" and r[-2] == "yes"}
         c.record("rdma_show_cli", show.returncode == 0 and both >= set(TYPES),
                  f"rc {show.returncode}; in both views: {sorted(both)}\n{show.stdout}{show.stderr}")
     app.exit()
