@@ -83,11 +83,19 @@ def create(args, held: list) -> dict:
     if qp is not None:
         result["qpn"] = qp.qp_num
         if args.connect:
-            try:
-                connect_to_self(ctx, qp)
-                result["connect"] = "ok"
-            except (PyverbsRDMAError, PyverbsError) as exc:
-                result["connect"] = str(exc)
+            # RTR resolves the destination's MAC; under emulation on a busy
+            # host that can time out (ETIMEDOUT): the QP stays in INIT and
+            # the transition may simply be asked for again.
+            for attempt in range(5):
+                try:
+                    connect_to_self(ctx, qp)
+                    result["connect"] = "ok"
+                    break
+                except (PyverbsRDMAError, PyverbsError) as exc:
+                    result["connect"] = str(exc)
+                    if getattr(exc, "error_code", 0) != errno.ETIMEDOUT:
+                        break
+                    time.sleep(1)
     return result
 
 

@@ -38,6 +38,9 @@ def add_parser(sub) -> None:
     r.add_argument("--report", default="chaos-reports", metavar="DIR",
                    help="where the JSON journal, Markdown report and plot go "
                         "(default ./chaos-reports)")
+    r.add_argument("--no-plot", action="store_true",
+                   help="skip the timeline plot (matplotlib is slow to load on small or "
+                        "emulated machines)")
     r.set_defaults(handler=cmd_run)
     rc = actions.add_parser("recover", help="roll back faults left by runs that died")
     rc.add_argument("--journal", default=DEFAULT_DIR, metavar="DIR",
@@ -109,7 +112,7 @@ def cmd_run(args) -> int:
     from .runner import Runner
     try:
         record = Runner(exp, os.path.abspath(args.file), args.journal, out, err).run()
-        paths = report.write(record, args.report)
+        paths = report.write(record, args.report, plot=not args.no_plot)
     except OSError as exc:   # journal or report directory unusable
         err(f"tracehound: chaos run: {exc.filename or ''}: {exc.strerror}")
         return EXIT_FAILED

@@ -11,7 +11,7 @@ def slug(title: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")[:60] or "experiment"
 
 
-def write(record: dict, directory: str) -> dict[str, str]:
+def write(record: dict, directory: str, plot: bool = True) -> dict[str, str]:
     os.makedirs(directory, exist_ok=True)
     base = os.path.join(directory, f"{slug(record['title'])}-{record['run_id']}")
     paths = {"journal": base + "-journal.json", "markdown": base + ".md"}
@@ -19,7 +19,10 @@ def write(record: dict, directory: str) -> dict[str, str]:
                                   for f in record["faults"]]}
     with open(paths["journal"], "w") as f:
         json.dump(clean, f, indent=2, sort_keys=True, default=str)
-    plot, plot_note = _plot(record, base + "-timeline.png")
+    if plot:
+        plot, plot_note = _plot(record, base + "-timeline.png")
+    else:
+        plot, plot_note = None, "not requested (--no-plot)"
     if plot:
         paths["plot"] = plot
     with open(paths["markdown"], "w") as f:

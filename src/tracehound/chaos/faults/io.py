@@ -366,7 +366,9 @@ class IoErrors(Fault):
     def rollback(self, state):
         current = run_cmd(["dmsetup", "table", state["name"]]).stdout.strip()
         if current != state["original"]:
-            _dm_load(state["name"], state["original"])
+            # the file system cannot be frozen over a failing table (its
+            # flush fails, and with it the suspend): swap without freezing
+            _dm_load(state["name"], state["original"], lockfs=False)
         return None
 
     def detection(self, args, state=None):
@@ -377,8 +379,8 @@ class IoErrors(Fault):
                          note="reads on the device fail with EIO")
 
 
-def _dm_load(name: str, table: str) -> None:
-    run_cmd(["dmsetup", "suspend", name])
+def _dm_load(name: str, table: str, lockfs: bool = True) -> None:
+    run_cmd(["dmsetup", "suspend", name] + ([] if lockfs else ["--nolockfs"]))
     try:
         out = subprocess.run(["dmsetup", "load", name], input=table + "\n", text=True,
                              capture_output=True, timeout=30)

@@ -1,0 +1,334 @@
+"""The VM-only chaos experiments, run as root inside the VM (see test_vm_chaos.py).
+
+    chaos_guest_checks.py RESULTS_DIR
+    chaos_guest_checks.py verbs-loop memlock|objects DEVICE   (a workload, see below)
+
+Sets up soft-RoCE and starts the agent as rdma_guest_checks.py does, then
+runs examples/rdma-memlock.yaml, rdma-cgroup.yaml, rdma-link-down.yaml and
+io-errors.yaml with `tracehound chaos run`, watching the kernel's own state
+(/proc/PID/limits, rdma.max, `ip -j link`, `dmsetup table`) while each is in
+flight and after it, and finally kills a link-down run with SIGKILL and
+checks that `tracehound chaos recover` brings the link back. Every check is
+written to RESULTS_DIR/checks.json as soon as it is decided.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import rdma_guest_checks as rg
+
+REPO = rg.HERE.parents[1]
+EXAMPLES = REPO / "examples"
+TRACEHOUND = [rg.PY, "-m", "tracehound"]
+VERBS_CGROUP = "/thchaos-rdma"
+LINK_NETNS, PEER_NETNS, LINK_IF, LINK_RXE = "thchaos-rdma-a", "thchaos-rdma-b", "thrdma0", "rxe1"
+DM_NAME, DM_MOUNT, DM_IMAGE = "thchaos-io", "/tmp/thchaos-io-mnt", "/tmp/thchaos-io.img"
+IO_CGROUP = "/thchaos-io-errors"
+MEMLOCK = 64 << 20
+# the report's plot needs matplotlib's font list: building it under emulation
+# takes minutes, and $HOME is read-only in the guest, so keep one in /tmp
+MPL_DIR = "/tmp/thchaos-matplotlib"
+HOST_MPL_CACHE = Path.home() / ".cache" / "matplotlib"
+MR_SIZE = 1 << 20
+
+
+def verbs_loop(mode: str, device: str) -> int:
+    """Keep making verbs objects so a fault shows up as failed verbs. memlock:
+    register and release a 1 MiB MR over and over; objects: open a context,
+    a PD and a CQ and close them again, over and over."""
+    import pyverbs.enums as e
+    from pyverbs.cq import CQ
+    from pyverbs.device import Context
+    from pyverbs.mr import MR
+    from pyverbs.pd import PD
+    from pyverbs.pyverbs_error import PyverbsError
+
+    ctx = Context(name=device) if mode == "memlock" else None
+    pd = PD(ctx) if ctx else None
+    ready = False
+    while True:
+        held = []
+        try:
+            if mode == "memlock":
+                held.append(MR(pd, MR_SIZE, e.IBV_ACCESS_LOCAL_WRITE))
+            else:
+                held.append(Context(name=device))
+                held.append(PD(held[0]))
+                held.append(CQ(held[0], 4))
+        except PyverbsError:
+            pass
+        for obj in reversed(held):
+            obj.close()
+        if not ready:
+            print(f"READY {os.getpid()}", flush=True)
+            ready = True
+        time.sleep(0.1)
+
+
+class Workload:
+    """verbs_loop in a child, optionally in a cgroup and with CAP_IPC_LOCK
+    dropped (root ignores RLIMIT_MEMLOCK otherwise)."""
+
+    def __init__(self, mode: str, cgroup: str | None = None, wrap=()):
+        argv = [*wrap, rg.PY, str(Path(__file__).resolve()), "verbs-loop", mode, rg.DEVICE]
+        if cgroup:
+            argv = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', f"{rg.CG}{cgroup}/cgroup.procs",
+                    *argv]
+        self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                     text=True)
+        self.out = rg.Lines(self.proc.stdout)
+        if self.out.wait_for("READY ", 120) is None:
+            self.proc.kill()
+            raise RuntimeError(f"verbs loop ({mode}) never got going:\n{self.out.text()}")
+        self.pid = self.proc.pid
+
+    def stop(self) -> None:
+        self.proc.kill()
+        self.proc.wait(timeout=30)
+
+
+class ChaosRun:
+    """`tracehound chaos run examples/NAME --yes`, with every distinct state
+    watch() returns while it is in flight."""
+
+    def __init__(self, name: str, env: dict, watch, timeout: float = 150, kill_when=None):
+        self.tmp = tempfile.mkdtemp(prefix="thchaos-")
+        self.journal = f"{self.tmp}/journal"
+        env = {**os.environ, "CHAOS_HOLD_SECONDS": "1", "CHAOS_DETECT_TIMEOUT": "45",
+               "MPLCONFIGDIR": MPL_DIR, **env}
+        proc = subprocess.Popen(
+            [*TRACEHOUND, "chaos", "run", str(EXAMPLES / name), "--yes", "--journal",
+             self.journal, "--report", f"{self.tmp}/report", "--no-plot"],
+            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        out, err = rg.Lines(proc.stdout), rg.Lines(proc.stderr)
+        self.seen: list = []
+        self.killed = False
+        deadline = time.monotonic() + timeout
+        while proc.poll() is None and time.monotonic() < deadline:
+            state = watch()
+            if not self.seen or self.seen[-1] != state:
+                self.seen.append(state)
+            if kill_when and kill_when(self.seen):
+                proc.send_signal(signal.SIGKILL)
+                self.killed = True
+            time.sleep(0.05)
+        if proc.poll() is None:
+            proc.kill()
+        self.code = proc.wait(timeout=30)
+        time.sleep(0.2)    # the reader threads drain the pipes
+        self.out, self.err = out.text(), err.text()
+        reports = glob.glob(f"{self.tmp}/report/*-journal.json")
+        self.record = json.loads(Path(reports[0]).read_text()) if reports else {}
+
+    def detection(self) -> dict:
+        return next(iter(self.record.get("detections") or []), {})
+
+    def context(self) -> str:
+        brief = {k: self.record.get(k) for k in ("detections", "faults", "rollbacks")}
+        return (f"exit {self.code}; states seen {self.seen}\nstdout:\n{self.out[-2500:]}\n"
+                f"stderr:\n{self.err[-2500:]}\nreport: {json.dumps(brief)[-3000:]}")
+
+    def cleanup(self) -> None:
+        shutil.rmtree(self.tmp, ignore_errors=True)
+
+
+def judge(c: rg.Checks, key: str, run: ChaosRun, before, applied, after,
+          applied_when=None) -> None:
+    """Three checks: detected (with an MTTD), really applied, rolled back."""
+    d = run.detection()
+    mttd = d.get("mttd_seconds")
+    if mttd is not None:
+        c.timing(f"{key}_mttd_s", mttd)
+    c.record(f"{key}_detected", run.code == 0 and d.get("detected") is True
+             and d.get("tracehound_signal") is True and mttd is not None,
+             f"detection {d}\n{run.context()}")
+    was_applied = applied_when(run.seen) if applied_when else applied in run.seen
+    c.record(f"{key}_fault_applied", was_applied,
+             f"expected {applied!r} while in flight\n{run.context()}")
+    c.record(f"{key}_rolled_back", after == before,
+             f"before {before!r}, after {after!r}\n{run.context()}")
+
+
+def memlock_limits(pid: int):
+    for line in Path(f"/proc/{pid}/limits").read_text().splitlines():
+        if line.startswith("Max locked memory"):
+            return tuple(line.split()[3:5])
+    return None
+
+
+def memlock_experiment(c: rg.Checks, agent: rg.Agent) -> None:
+    wrap = [*rg.NO_CAP_IPC_LOCK, "prlimit", f"--memlock={MEMLOCK}:{MEMLOCK}"]
+    app = Workload("memlock", wrap=wrap)
+    try:
+        before = memlock_limits(app.pid)
+        run = ChaosRun("rdma-memlock.yaml", {"TRACEHOUND_METRICS_URL": agent.url,
+                                              "CHAOS_TARGET": "verbs-loop memlock"},
+                       lambda: memlock_limits(app.pid))
+        judge(c, "memlock", run, before, ("4096", str(MEMLOCK)), memlock_limits(app.pid))
+        run.cleanup()
+    finally:
+        app.stop()
+
+
+def rdma_max() -> str | None:
+    try:
+        return Path(f"{rg.CG}{VERBS_CGROUP}/rdma.max").read_text().strip()
+    except OSError:
+        return None
+
+
+def cgroup_experiment(c: rg.Checks, agent: rg.Agent) -> None:
+    os.makedirs(f"{rg.CG}{VERBS_CGROUP}", exist_ok=True)
+    app = Workload("objects", cgroup=VERBS_CGROUP)
+    try:
+        before = rdma_max()
+        run = ChaosRun("rdma-cgroup.yaml", {"TRACEHOUND_METRICS_URL": agent.url,
+                                             "CHAOS_CGROUP": VERBS_CGROUP,
+                                             "CHAOS_RDMA_DEVICE": rg.DEVICE}, rdma_max)
+        judge(c, "rdma_cgroup", run, before, f"{rg.DEVICE} hca_handle=1 hca_object=1",
+              rdma_max())
+        run.cleanup()
+    finally:
+        app.stop()
+
+
+def link_state(netns: str = LINK_NETNS, ifname: str = LINK_IF) -> str | None:
+    out = subprocess.run(["ip", "-n", netns, "-j", "link", "show", "dev", ifname],
+                         capture_output=True, text=True, check=False)
+    if out.returncode:
+        return None
+    flags = json.loads(out.stdout or "[{}]")[0].get("flags", [])
+    return "UP" if "UP" in flags else "DOWN"
+
+
+def attach_rxe_when_created() -> threading.Thread:
+    """The example makes its own veth pair right before taking it down: put
+    a soft-RoCE device on it the moment it exists, so that the link going
+    down is an RDMA port going down."""
+    def attach():
+        if not rg.wait_until(lambda: os.path.exists(f"/run/netns/{LINK_NETNS}"), 120, 0.005):
+            return
+        subprocess.run(["nsenter", f"--net=/run/netns/{LINK_NETNS}", "sh", "-c",
+                        f"for i in $(seq 600); do rdma link add {LINK_RXE} type rxe netdev "
+                        f"{LINK_IF} 2>/dev/null && exit 0; done; exit 1"], check=False)
+    t = threading.Thread(target=attach, daemon=True)
+    t.start()
+    return t
+
+
+def link_world() -> tuple:
+    """What the link-down example leaves behind: namespaces, the link, rxe1."""
+    return (sorted(n for n in os.listdir("/run/netns") if n.startswith("thchaos"))
+            if os.path.isdir("/run/netns") else [],
+            link_state(), os.path.exists(f"/sys/class/infiniband/{LINK_RXE}"))
+
+
+def link_down_experiment(c: rg.Checks, agent: rg.Agent) -> None:
+    before = link_world()
+    attacher = attach_rxe_when_created()
+    errors_before = agent.value("tracehound_rdma_async_events_total", device=LINK_RXE,
+                                event="PORT_ERR")
+    run = ChaosRun("rdma-link-down.yaml", {"TRACEHOUND_METRICS_URL": agent.url}, link_state)
+    attacher.join(timeout=30)
+    port_errors = agent.value("tracehound_rdma_async_events_total", device=LINK_RXE,
+                              event="PORT_ERR") - errors_before
+    # the RDMA core unregisters rxe1 after its netdev is gone, asynchronously
+    rg.wait_until(lambda: link_world() == before, 15, 0.2)
+    run.seen.append(f"PORT_ERR on {LINK_RXE}: {port_errors}")
+    judge(c, "link_down", run, before, "DOWN after UP", link_world(), applied_when=went_down)
+    run.cleanup()
+
+
+def went_down(seen: list) -> bool:
+    """Down after having been up: a new veth starts down, then the example
+    brings it up before the fault takes it down."""
+    return "UP" in seen and "DOWN" in seen[seen.index("UP"):]
+
+
+def recover_after_kill(c: rg.Checks, agent: rg.Agent) -> None:
+    """No RDMA device on this pair, so detection waits out its timeout: a
+    wide window to kill the run while the link is down."""
+    from tracehound.chaos.workload import delete_netns
+    run = ChaosRun("rdma-link-down.yaml", {"TRACEHOUND_METRICS_URL": agent.url,
+                                            "CHAOS_DETECT_TIMEOUT": "90"},
+                   link_state, kill_when=went_down)
+    try:
+        after_kill = link_state()
+        rec = subprocess.run([*TRACEHOUND, "chaos", "recover", "--journal", run.journal],
+                             capture_output=True, text=True, check=False)
+        after_recover = link_state()
+        c.record("link_down_recovered_after_kill",
+                 run.killed and after_kill == "DOWN" and rec.returncode == 0
+                 and after_recover == "UP",
+                 f"killed {run.killed}; link after kill {after_kill}, after recover "
+                 f"{after_recover}; recover exit {rec.returncode}\n{rec.stdout[-2000:]}"
+                 f"{rec.stderr[-2000:]}\n{run.context()}")
+    finally:
+        delete_netns([LINK_NETNS, PEER_NETNS])
+        run.cleanup()
+
+
+def make_dm_device() -> None:
+    rg.sh("modprobe loop; modprobe dm-mod; modprobe dm-flakey; true")
+    rg.sh(f"truncate -s 32M {DM_IMAGE}")
+    loop = rg.sh(f"losetup -f --show {DM_IMAGE}").strip()
+    rg.sh(f"dmsetup create {DM_NAME} --table '0 65536 linear {loop} 0'")
+    rg.sh(f"mkfs.ext4 -q -O ^has_journal /dev/mapper/{DM_NAME}")
+    os.makedirs(DM_MOUNT, exist_ok=True)
+    rg.sh(f"mount -o errors=continue /dev/mapper/{DM_NAME} {DM_MOUNT}")
+
+
+def dm_state() -> tuple:
+    table = subprocess.run(["dmsetup", "table", DM_NAME], capture_output=True, text=True)
+    status = subprocess.run(["dmsetup", "status", DM_NAME], capture_output=True, text=True)
+    return table.stdout.strip(), status.stdout.strip()
+
+
+def io_errors_experiment(c: rg.Checks, agent: rg.Agent) -> None:
+    make_dm_device()
+    before = dm_state()
+    run = ChaosRun("io-errors.yaml", {"TRACEHOUND_METRICS_URL": agent.url,
+                                       "CHAOS_DM_NAME": DM_NAME, "CHAOS_MOUNTPOINT": DM_MOUNT,
+                                       "CHAOS_CGROUP": IO_CGROUP}, dm_state)
+    judge(c, "io_errors", run, before, ("0 65536 error", "0 65536 error"), dm_state())
+    run.cleanup()
+
+
+def main(results: Path) -> int:
+    c = rg.Checks(results)
+    t0 = time.monotonic()
+    if HOST_MPL_CACHE.is_dir():
+        shutil.copytree(HOST_MPL_CACHE, MPL_DIR, dirs_exist_ok=True)
+    os.makedirs(MPL_DIR, exist_ok=True)
+    rg.setup_rxe()
+    agent = rg.Agent()
+    c.timing("agent_start_s", time.monotonic() - t0)
+    try:
+        for experiment in (memlock_experiment, cgroup_experiment, link_down_experiment,
+                           recover_after_kill, io_errors_experiment):
+            t = time.monotonic()
+            try:
+                experiment(c, agent)
+            except Exception as exc:  # the others still run and report
+                c.record(f"{experiment.__name__}_crashed", False, repr(exc))
+            c.timing(f"{experiment.__name__}_s", time.monotonic() - t)
+    finally:
+        agent.stop()
+    c.timing("scenario_s", time.monotonic() - t0)
+    return 0
+
+
+if __name__ == "__main__":
+    if sys.argv[1] == "verbs-loop":
+        sys.exit(verbs_loop(sys.argv[2], sys.argv[3]))
+    sys.exit(main(Path(sys.argv[1])))

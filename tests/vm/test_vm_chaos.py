@@ -1,0 +1,46 @@
+"""The chaos faults that need the VM (soft-RoCE, device-mapper), end to end
+in the Debian 6.1 VM: one boot runs every experiment
+(tests/vm/chaos_guest_checks.py); each check comes back as its own test."""
+import json
+import sys
+from pathlib import Path
+
+import harness
+import pytest
+
+pytestmark = pytest.mark.vm
+
+REPO = Path(__file__).resolve().parents[2]
+EXPERIMENTS = ["memlock", "rdma_cgroup", "link_down", "io_errors"]
+CHECKS = [f"{name}_{what}" for name in EXPERIMENTS
+          for what in ("detected", "fault_applied", "rolled_back")]
+CHECKS.append("link_down_recovered_after_kill")
+
+
+@pytest.fixture(scope="session")
+def chaos_run(tmp_path_factory):
+    results = tmp_path_factory.mktemp("vm-chaos")
+    script = f"{sys.executable} tests/vm/chaos_guest_checks.py {results}"
+    result = harness.run_in_vm(script, timeout=900, cwd=REPO, writable=[results])
+    report = results / "checks.json"
+    data = json.loads(report.read_text()) if report.exists() else {"checks": {}, "timings": {}}
+    print(f"\nVM boot {result.boot_seconds:.1f} s, total {result.total_seconds:.1f} s, "
+          f"timings {data['timings']}")
+    return result, data
+
+
+def test_scenario_ran_to_completion(chaos_run):
+    result, data = chaos_run
+    assert result.returncode == 0, \
+        f"guest scenario failed (exit {result.returncode}):\n{result.output[-6000:]}"
+    crashed = {k: v["detail"] for k, v in data["checks"].items() if k.endswith("_crashed")}
+    assert not crashed, f"experiments crashed: {crashed}\n{result.output[-4000:]}"
+    assert "scenario_s" in data["timings"], result.output[-6000:]
+
+
+@pytest.mark.parametrize("name", CHECKS)
+def test_chaos_check(chaos_run, name):
+    result, data = chaos_run
+    check = data["checks"].get(name)
+    assert check is not None, f"check {name} never ran; guest output:\n{result.output[-6000:]}"
+    assert check["ok"], f"{name}: {check['detail']}"
