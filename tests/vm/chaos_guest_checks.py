@@ -34,6 +34,8 @@ VERBS_CGROUP = "/thchaos-rdma"
 LINK_NETNS, PEER_NETNS, LINK_IF, LINK_RXE = "thchaos-rdma-a", "thchaos-rdma-b", "thrdma0", "rxe1"
 DM_NAME, DM_MOUNT, DM_IMAGE = "thchaos-io", "/tmp/thchaos-io-mnt", "/tmp/thchaos-io.img"
 IO_CGROUP = "/thchaos-io-errors"
+THROTTLE_CGROUP = "/thchaos-io-throttle"
+NET_NETNS, NET_IF = "thchaos-a", "thchaos0"     # examples/net-loss.yaml's defaults
 MEMLOCK = 64 << 20
 # the report's plot needs matplotlib's font list: building it under emulation
 # takes minutes, and $HOME is read-only in the guest, so keep one in /tmp
@@ -294,8 +296,78 @@ def dm_state() -> tuple:
     return table.stdout.strip(), status.stdout.strip()
 
 
+def io_max() -> tuple:
+    """(the throttled cgroup exists, its io.max or None). The rollback also
+    takes back the io controller it enabled, and io.max goes with it."""
+    path = f"/sys/fs/cgroup{THROTTLE_CGROUP}"
+    try:
+        with open(f"{path}/io.max") as f:
+            return True, f.read().strip()
+    except OSError:
+        return os.path.isdir(path), None
+
+
+def lifted_after(seen: list, applied) -> bool:
+    """The state right after the fault's last applied state is the
+    unfaulted one of a still existing object (not merely its removal)."""
+    hits = [i for i, s in enumerate(seen) if applied(s)]
+    return bool(hits) and hits[-1] + 1 < len(seen) and seen[hits[-1] + 1] not in (None, ())
+
+
+def io_throttle_experiment(c: rg.Checks, agent: rg.Agent) -> None:
+    """cgroup v2 io.max on a real block device (the host binds io to v1)."""
+    if not os.path.exists(f"/dev/mapper/{DM_NAME}"):
+        make_dm_device()
+    limit = "wbps=1048576"
+    run = ChaosRun("io-throttle.yaml", {"TRACEHOUND_METRICS_URL": agent.url,
+                                         "CHAOS_CGROUP": THROTTLE_CGROUP,
+                                         "CHAOS_DATA_DIR": DM_MOUNT}, io_max)
+    d = run.detection()
+    if d.get("mttd_seconds") is not None:
+        c.timing("io_throttle_mttd_s", d["mttd_seconds"])
+    c.record("io_throttle_detected", run.code == 0 and d.get("detected") is True
+             and d.get("tracehound_signal") is True, f"detection {d}\n{run.context()}")
+    applied = lambda state: bool(state[1]) and limit in state[1]  # noqa: E731
+    c.record("io_throttle_fault_applied", any(applied(x) for x in run.seen),
+             f"expected an io.max line with {limit}\n{run.context()}")
+    # the limit went while the cgroup still existed (before the workload's removal)
+    hits = [i for i, x in enumerate(run.seen) if applied(x)]
+    lifted = bool(hits) and hits[-1] + 1 < len(run.seen) and run.seen[hits[-1] + 1][0] \
+        and not run.seen[hits[-1] + 1][1]
+    c.record("io_throttle_rolled_back", lifted and io_max() == (False, None),
+             f"(exists, io.max) states {run.seen}\n{run.context()}")
+    run.cleanup()
+
+
+def qdiscs() -> tuple | None:
+    out = subprocess.run(["ip", "netns", "exec", NET_NETNS, "tc", "-j", "qdisc", "show", "dev",
+                          NET_IF], capture_output=True, text=True)
+    if out.returncode != 0:
+        return None
+    return tuple(sorted(q.get("kind", "") for q in json.loads(out.stdout or "[]")))
+
+
+def netem_loss_experiment(c: rg.Checks, agent: rg.Agent) -> None:
+    """Packet loss through tc netem, which the VM kernel has (the host has
+    only the BPF classifier)."""
+    rg.sh("modprobe sch_netem")
+    run = ChaosRun("net-loss.yaml", {"TRACEHOUND_METRICS_URL": agent.url}, qdiscs)
+    ping = next((d for d in run.record.get("detections") or []
+                 if d.get("probe") == "ping-sees-loss"), {})
+    faults = run.record.get("faults") or []
+    c.record("netem_loss_detected", run.code == 0 and ping.get("detected") is True,
+             f"detection {ping}\n{run.context()}")
+    applied = lambda state: bool(state) and "netem" in state  # noqa: E731
+    c.record("netem_loss_fault_applied", any(applied(x) for x in run.seen)
+             and "netem" in json.dumps(faults), f"qdiscs seen {run.seen}\n{run.context()}")
+    c.record("netem_loss_rolled_back", lifted_after(run.seen, applied),
+             f"qdiscs seen {run.seen}\n{run.context()}")
+    run.cleanup()
+
+
 def io_errors_experiment(c: rg.Checks, agent: rg.Agent) -> None:
-    make_dm_device()
+    if not os.path.exists(f"/dev/mapper/{DM_NAME}"):
+        make_dm_device()
     before = dm_state()
     run = ChaosRun("io-errors.yaml", {"TRACEHOUND_METRICS_URL": agent.url,
                                        "CHAOS_DM_NAME": DM_NAME, "CHAOS_MOUNTPOINT": DM_MOUNT,
@@ -315,7 +387,8 @@ def main(results: Path) -> int:
     c.timing("agent_start_s", time.monotonic() - t0)
     try:
         for experiment in (memlock_experiment, cgroup_experiment, link_down_experiment,
-                           recover_after_kill, io_errors_experiment):
+                           recover_after_kill, io_throttle_experiment, netem_loss_experiment,
+                           io_errors_experiment):
             t = time.monotonic()
             try:
                 experiment(c, agent)

@@ -11,7 +11,7 @@ import pytest
 pytestmark = pytest.mark.vm
 
 REPO = Path(__file__).resolve().parents[2]
-EXPERIMENTS = ["memlock", "rdma_cgroup", "link_down", "io_errors"]
+EXPERIMENTS = ["memlock", "rdma_cgroup", "link_down", "io_throttle", "netem_loss", "io_errors"]
 CHECKS = [f"{name}_{what}" for name in EXPERIMENTS
           for what in ("detected", "fault_applied", "rolled_back")]
 CHECKS.append("link_down_recovered_after_kill")
