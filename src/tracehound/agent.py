@@ -12,6 +12,7 @@ from prometheus_client import CollectorRegistry
 from . import preflight
 from .attribution.cgroups import CgroupResolver
 from .attribution.kubelet import pod_source
+from .attribution.procs import cgroup_v2_path
 from .attribution.resolver import WorkloadResolver
 from .collectors.gpu import open_gpu_collector
 from .collectors.io import IoCollector
@@ -80,14 +81,7 @@ class Agent:
 
     def workload_of_pid(self, pid: int) -> dict[str, str]:
         """cgroup and workload labels of a process (for per-process series)."""
-        path = "unknown"
-        try:
-            with open(f"/proc/{pid}/cgroup") as f:
-                for line in f:
-                    if line.startswith("0::"):
-                        path = line[3:].strip() or "/"
-        except OSError:
-            pass
+        path = cgroup_v2_path(pid) or "unknown"
         return {"cgroup": path, **self.workloads.resolve(path).as_dict()}
 
     def stop(self) -> None:

@@ -77,10 +77,7 @@ class CgroupResolver:
         known = self._alive.get(cgroup_id)
         if known is not None:
             return known
-        p = self._paths.get(cgroup_id)
-        if p is None and self._may_rescan:
-            self._scan()
-            p = self._paths.get(cgroup_id)
+        p = self._lookup(cgroup_id)
         ok = False
         if p is not None:
             try:
@@ -115,10 +112,13 @@ class CgroupResolver:
     def path(self, cgroup_id: int) -> str:
         """The cgroup's path; ids of removed cgroups keep their last known path
         so a series never changes labels while the agent runs."""
+        p = self._lookup(cgroup_id)
+        return f"unknown:{cgroup_id}" if p is None else p
+
+    def _lookup(self, cgroup_id: int) -> str | None:
+        """The known path, after this scrape's one rescan if it is new."""
         p = self._paths.get(cgroup_id)
         if p is None and self._may_rescan:
             self._scan()
             p = self._paths.get(cgroup_id)
-        if p is None:
-            return f"unknown:{cgroup_id}"
         return p

@@ -71,3 +71,10 @@ def parse_proc_cgroup(text: str) -> dict[str, str]:
 def proc_cgroups(pid: int, proc_root: str = "/proc") -> dict[str, str]:
     text = read_text(os.path.join(proc_root, str(pid), "cgroup"))
     return parse_proc_cgroup(text) if text else {}
+
+
+def cgroup_v2_path(pid: int, proc_root: str = "/proc") -> str | None:
+    """The process's cgroup v2 path (its ``0::`` line); None when the
+    process is gone or sits in no v2 hierarchy."""
+    path = proc_cgroups(pid, proc_root).get("")
+    return None if path is None else (path.strip() or "/")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from ..attribution.procs import cgroup_v2_path
 from . import rdma as kernel_view
 from .mounts import MountTable
 
@@ -102,12 +103,10 @@ def process_view(pid: int | None = None) -> ProcessView:
 def workload_name(pid: int, resolver, proc_root: str = "/proc") -> str:
     """The most specific workload a process belongs to: Slurm job[.step],
     namespace/pod, VM, systemd unit; its cgroup path otherwise."""
-    try:
-        with open(f"{proc_root}/{pid}/cgroup") as f:
-            path = next((ln[3:].strip() for ln in f if ln.startswith("0::")), "")
-    except OSError:
+    path = cgroup_v2_path(pid, proc_root)
+    if path is None:
         return ""
-    w = resolver.resolve(path or "/")
+    w = resolver.resolve(path)
     if w.job_id:
         return f"job {w.job_id}" + (f".{w.step}" if w.step else "")
     if w.pod:

@@ -10,6 +10,8 @@ import os
 import re
 from dataclasses import dataclass
 
+from ..attribution.procs import cgroup_v2_path
+
 _NODE_DIR = re.compile(r"node(\d+)$")
 
 
@@ -131,13 +133,7 @@ class Topology:
 
     def process_cgroup(self, pid: int) -> str | None:
         """The process's cgroup v2 path (the '0::' line), None if it is gone."""
-        text = self._read("proc", str(pid), "cgroup")
-        if text is None:
-            return None
-        for line in text.splitlines():
-            if line.startswith("0::"):
-                return line[3:].strip() or "/"
-        return None
+        return cgroup_v2_path(pid, os.path.join(self.root, "proc"))
 
     def process_placement(self, pid: int) -> Placement | None:
         text = self._read("proc", str(pid), "status")

@@ -12,6 +12,7 @@ import logging
 import os
 from dataclasses import dataclass
 
+from ..attribution.procs import cgroup_v2_path
 from ..bpf import features, libbpf
 from ..bpf.loader import BpfObject
 from ..collectors.rdma import (
@@ -252,11 +253,12 @@ class RdmaProbe:
     def _cgroup_of(self, pid: int) -> int:
         if not pid or not self.config.cgroup_root:
             return 0
+        rel = cgroup_v2_path(pid)
+        if rel is None:
+            return 0
         try:
-            with open(f"/proc/{pid}/cgroup") as f:
-                rel = next((ln.split(":", 2)[2].strip() for ln in f if ln.startswith("0::")), None)
-            return os.stat(self.config.cgroup_root.rstrip("/") + (rel or "/")).st_ino if rel else 0
-        except (OSError, IndexError):
+            return os.stat(self.config.cgroup_root.rstrip("/") + rel).st_ino
+        except OSError:
             return 0
 
     def _pin(self) -> None:

@@ -8,23 +8,13 @@ import subprocess
 import tempfile
 import time
 
+from ...attribution.procs import cgroup_v2_path
 from . import Arg, Availability, Detection, Fault, FaultError, Prepared, target_args
 from .targets import (cgroup_dir, check_cgroup_path, check_target_args, enforce_blast_radius,
                       resolve_processes, same_process)
 
 MARKER = "TRACEHOUND_CHAOS_FAULT"
 SIGNALS = ("KILL", "TERM", "INT", "HUP", "QUIT", "ABRT", "SEGV", "USR1", "USR2")
-
-
-def _cgroup_of(pid: int) -> str | None:
-    try:
-        with open(f"/proc/{pid}/cgroup") as f:
-            for line in f:
-                if line.startswith("0::"):
-                    return line[3:].strip() or "/"
-    except OSError:
-        pass
-    return None
 
 
 def _io_stall_detection(state: dict | None, args: dict, what: str) -> Detection:
@@ -53,7 +43,7 @@ class _ProcessFault(Fault):
     def prepare(self, args, fault_id):
         procs = resolve_processes(args)
         enforce_blast_radius("processes", procs, args["max_targets"])
-        rows = [[p.pid, p.start, p.comm, _cgroup_of(p.pid)] for p in procs]
+        rows = [[p.pid, p.start, p.comm, cgroup_v2_path(p.pid)] for p in procs]
         return Prepared([p.label() for p in procs], {"procs": rows, **self._extra(args)})
 
     def _extra(self, args) -> dict:
