@@ -13,23 +13,18 @@ written to RESULTS_DIR/checks.json as soon as it is decided.
 """
 from __future__ import annotations
 
-import glob
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 import rdma_guest_checks as rg
+from chaos_guest_run import HOST_MPL_CACHE, MPL_DIR, TRACEHOUND, ChaosRun, judge, lifted_after
 
-REPO = rg.HERE.parents[1]
-EXAMPLES = REPO / "examples"
-TRACEHOUND = [rg.PY, "-m", "tracehound"]
 VERBS_CGROUP = "/thchaos-rdma"
 LINK_NETNS, PEER_NETNS, LINK_IF, LINK_RXE = "thchaos-rdma-a", "thchaos-rdma-b", "thrdma0", "rxe1"
 DM_NAME, DM_MOUNT, DM_IMAGE = "thchaos-io", "/tmp/thchaos-io-mnt", "/tmp/thchaos-io.img"
@@ -37,10 +32,6 @@ IO_CGROUP = "/thchaos-io-errors"
 THROTTLE_CGROUP = "/thchaos-io-throttle"
 NET_NETNS, NET_IF = "thchaos-a", "thchaos0"     # examples/net-loss.yaml's defaults
 MEMLOCK = 64 << 20
-# the report's plot needs matplotlib's font list: building it under emulation
-# takes minutes, and $HOME is read-only in the guest, so keep one in /tmp
-MPL_DIR = "/tmp/thchaos-matplotlib"
-HOST_MPL_CACHE = Path.home() / ".cache" / "matplotlib"
 MR_SIZE = 1 << 20
 
 
@@ -97,68 +88,6 @@ class Workload:
     def stop(self) -> None:
         self.proc.kill()
         self.proc.wait(timeout=30)
-
-
-class ChaosRun:
-    """`tracehound chaos run examples/NAME --yes`, with every distinct state
-    watch() returns while it is in flight."""
-
-    def __init__(self, name: str, env: dict, watch, timeout: float = 150, kill_when=None):
-        self.tmp = tempfile.mkdtemp(prefix="thchaos-")
-        self.journal = f"{self.tmp}/journal"
-        env = {**os.environ, "CHAOS_HOLD_SECONDS": "1", "CHAOS_DETECT_TIMEOUT": "45",
-               "MPLCONFIGDIR": MPL_DIR, **env}
-        proc = subprocess.Popen(
-            [*TRACEHOUND, "chaos", "run", str(EXAMPLES / name), "--yes", "--journal",
-             self.journal, "--report", f"{self.tmp}/report", "--no-plot"],
-            env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-        out, err = rg.Lines(proc.stdout), rg.Lines(proc.stderr)
-        self.seen: list = []
-        self.killed = False
-        deadline = time.monotonic() + timeout
-        while proc.poll() is None and time.monotonic() < deadline:
-            state = watch()
-            if not self.seen or self.seen[-1] != state:
-                self.seen.append(state)
-            if kill_when and kill_when(self.seen):
-                proc.send_signal(signal.SIGKILL)
-                self.killed = True
-            time.sleep(0.05)
-        if proc.poll() is None:
-            proc.kill()
-        self.code = proc.wait(timeout=30)
-        time.sleep(0.2)    # the reader threads drain the pipes
-        self.out, self.err = out.text(), err.text()
-        reports = glob.glob(f"{self.tmp}/report/*-journal.json")
-        self.record = json.loads(Path(reports[0]).read_text()) if reports else {}
-
-    def detection(self) -> dict:
-        return next(iter(self.record.get("detections") or []), {})
-
-    def context(self) -> str:
-        brief = {k: self.record.get(k) for k in ("detections", "faults", "rollbacks")}
-        return (f"exit {self.code}; states seen {self.seen}\nstdout:\n{self.out[-2500:]}\n"
-                f"stderr:\n{self.err[-2500:]}\nreport: {json.dumps(brief)[-3000:]}")
-
-    def cleanup(self) -> None:
-        shutil.rmtree(self.tmp, ignore_errors=True)
-
-
-def judge(c: rg.Checks, key: str, run: ChaosRun, before, applied, after,
-          applied_when=None) -> None:
-    """Three checks: detected (with an MTTD), really applied, rolled back."""
-    d = run.detection()
-    mttd = d.get("mttd_seconds")
-    if mttd is not None:
-        c.timing(f"{key}_mttd_s", mttd)
-    c.record(f"{key}_detected", run.code == 0 and d.get("detected") is True
-             and d.get("tracehound_signal") is True and mttd is not None,
-             f"detection {d}\n{run.context()}")
-    was_applied = applied_when(run.seen) if applied_when else applied in run.seen
-    c.record(f"{key}_fault_applied", was_applied,
-             f"expected {applied!r} while in flight\n{run.context()}")
-    c.record(f"{key}_rolled_back", after == before,
-             f"before {before!r}, after {after!r}\n{run.context()}")
 
 
 def memlock_limits(pid: int):
@@ -307,13 +236,6 @@ def io_max() -> tuple:
         return os.path.isdir(path), None
 
 
-def lifted_after(seen: list, applied) -> bool:
-    """The state right after the fault's last applied state is the
-    unfaulted one of a still existing object (not merely its removal)."""
-    hits = [i for i, s in enumerate(seen) if applied(s)]
-    return bool(hits) and hits[-1] + 1 < len(seen) and seen[hits[-1] + 1] not in (None, ())
-
-
 def io_throttle_experiment(c: rg.Checks, agent: rg.Agent) -> None:
     """cgroup v2 io.max on a real block device (the host binds io to v1)."""
     if not os.path.exists(f"/dev/mapper/{DM_NAME}"):
@@ -331,9 +253,7 @@ def io_throttle_experiment(c: rg.Checks, agent: rg.Agent) -> None:
     c.record("io_throttle_fault_applied", any(applied(x) for x in run.seen),
              f"expected an io.max line with {limit}\n{run.context()}")
     # the limit went while the cgroup still existed (before the workload's removal)
-    hits = [i for i, x in enumerate(run.seen) if applied(x)]
-    lifted = bool(hits) and hits[-1] + 1 < len(run.seen) and run.seen[hits[-1] + 1][0] \
-        and not run.seen[hits[-1] + 1][1]
+    lifted = lifted_after(run.seen, applied, present=lambda state: state[0] and not state[1])
     c.record("io_throttle_rolled_back", lifted and io_max() == (False, None),
              f"(exists, io.max) states {run.seen}\n{run.context()}")
     run.cleanup()
