@@ -18,6 +18,7 @@ from .collectors.gpu import open_gpu_collector
 from .collectors.io import IoCollector
 from .collectors.rdma import open_rdma
 from .errors import SetupError
+from .exporter.events import EventLog
 from .exporter.server import DEFAULT_LISTEN, Exporter, ProbeInfoCollector
 from .host.mounts import DEFAULT_SKIP_FSTYPES, MountTable
 from .probes.io import IoProbe, IoProbeConfig
@@ -52,17 +53,20 @@ class Agent:
         self.io = IoProbe(IoProbeConfig(config.hook_mode, config.skip_fstypes,
                                         config.max_entries), self.mounts)
         self.registry = CollectorRegistry(auto_describe=False)
-        self.exporter = Exporter(self.registry, config.listen)
+        self.events = EventLog()
+        self.exporter = Exporter(self.registry, config.listen, {"/events": self.events.wsgi})
         self._stop = threading.Event()
 
     def start(self) -> "Agent":
         # Bind first: a busy port should fail before any BPF is loaded.
         self.exporter.start()
+        self.events.attach()
         self.cgroups.watch()
         try:
             self.io.start()
         except BaseException:
             self.exporter.stop()
+            self.events.detach()
             self.cgroups.close()
             raise
         # RDMA is optional: a host without it gets a reason, never an error
@@ -87,6 +91,7 @@ class Agent:
     def stop(self) -> None:
         self._stop.set()
         self.exporter.stop()
+        self.events.detach()
         if getattr(self, "gpu", None) is not None:
             self.gpu.close()
         if getattr(self, "rdma", None) is not None:
@@ -108,6 +113,7 @@ def run(config: AgentConfig, out=functools.partial(print, flush=True)) -> int:
     signal.signal(signal.SIGTERM, on_signal)
     signal.signal(signal.SIGINT, on_signal)
     out(f"tracehound: serving metrics on {agent.exporter.url}")
+    out(f"tracehound: anomaly events on {agent.exporter.url.removesuffix('/metrics')}/events")
     for probe, mode in agent.io.modes().items():
         out(f"tracehound: probe {probe:<10} mode {mode}")
     for line in agent.rdma.status_lines():

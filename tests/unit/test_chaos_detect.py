@@ -192,6 +192,6 @@ def test_check_spec_problems():
     assert detect.check_spec({"source": "process", "command": [sys.executable],
                               "extract": "(a)(b)"})[0][0] == "extract"
     assert detect.check_spec({"source": "udp"}) == [("source", "source must be one of "
-                                                               "agent, prometheus, process")]
+                                                               "agent, events, prometheus, process")]
     assert ("timeout", "timeout must be a number of seconds between 0.1 and 3600") in \
         detect.check_spec({"timeout": 0})

@@ -8,7 +8,6 @@ import textwrap
 import pytest
 
 from tracehound import cli
-from tracehound.chaos import faults as catalog
 from tracehound.chaos.document import MAX_FILE_BYTES
 
 VALID = """\
@@ -249,16 +248,6 @@ CASES = [
                                          "free_bytes: 0}}\n"),
      "faults are applied in the method only", "{type: tracehound, fault: io.fill"),
 ]
-
-
-@pytest.fixture
-def no_faults_touched(monkeypatch):
-    """Fail loudly if validation lets anything reach a fault."""
-    calls = []
-    for fault in catalog.catalog().values():
-        for step in ("prepare", "apply", "rollback"):
-            monkeypatch.setattr(fault, step, lambda *a, _s=step, **k: calls.append(_s))
-    return calls
 
 
 def test_there_are_at_least_fifty_cases():

@@ -4,12 +4,14 @@
     chaos_guest_checks.py verbs-loop memlock|objects DEVICE   (a workload, see below)
 
 Sets up soft-RoCE and starts the agent as rdma_guest_checks.py does, then
-runs examples/rdma-memlock.yaml, rdma-cgroup.yaml, rdma-link-down.yaml and
-io-errors.yaml with `tracehound chaos run`, watching the kernel's own state
-(/proc/PID/limits, rdma.max, `ip -j link`, `dmsetup table`) while each is in
-flight and after it, and finally kills a link-down run with SIGKILL and
-checks that `tracehound chaos recover` brings the link back. Every check is
-written to RESULTS_DIR/checks.json as soon as it is decided.
+runs examples/rdma-memlock.yaml, rdma-cgroup.yaml, rdma-link-down.yaml,
+io-throttle.yaml, net-loss.yaml, net-delay.yaml and io-errors.yaml (in its
+error and flakey modes) with `tracehound chaos run`, watching the kernel's
+own state (/proc/PID/limits, rdma.max, `ip -j link`, io.max, `tc qdisc`,
+`dmsetup table`) while each is in flight and after it. A link-down run
+killed with SIGKILL checks that `tracehound chaos recover` brings the link
+back. Every check is written to RESULTS_DIR/checks.json as soon as it is
+decided.
 """
 from __future__ import annotations
 
@@ -29,6 +31,7 @@ VERBS_CGROUP = "/thchaos-rdma"
 LINK_NETNS, PEER_NETNS, LINK_IF, LINK_RXE = "thchaos-rdma-a", "thchaos-rdma-b", "thrdma0", "rxe1"
 DM_NAME, DM_MOUNT, DM_IMAGE = "thchaos-io", "/tmp/thchaos-io-mnt", "/tmp/thchaos-io.img"
 IO_CGROUP = "/thchaos-io-errors"
+IO_FLAKEY_CGROUP = "/thchaos-io-flakey"
 THROTTLE_CGROUP = "/thchaos-io-throttle"
 NET_NETNS, NET_IF = "thchaos-a", "thchaos0"     # examples/net-loss.yaml's defaults
 MEMLOCK = 64 << 20
@@ -106,6 +109,11 @@ def memlock_experiment(c: rg.Checks, agent: rg.Agent) -> None:
                                               "CHAOS_TARGET": "verbs-loop memlock"},
                        lambda: memlock_limits(app.pid))
         judge(c, "memlock", run, before, ("4096", str(MEMLOCK)), memlock_limits(app.pid))
+        event = next((d for d in run.record.get("detections") or []
+                      if d.get("probe") == "tracehound-raises-error-burst"), {})
+        c.record("memlock_event_detected", event.get("detected") is True
+                 and (event.get("event") or {}).get("errno") == "ENOMEM",
+                 f"detection {event}\n{run.context()}")
         run.cleanup()
     finally:
         app.stop()
@@ -267,32 +275,67 @@ def qdiscs() -> tuple | None:
     return tuple(sorted(q.get("kind", "") for q in json.loads(out.stdout or "[]")))
 
 
-def netem_loss_experiment(c: rg.Checks, agent: rg.Agent) -> None:
-    """Packet loss through tc netem, which the VM kernel has (the host has
-    only the BPF classifier)."""
+def netem_experiment(c: rg.Checks, agent: rg.Agent, key: str, example: str, probe: str,
+                     env: dict | None = None) -> dict:
+    """A netem fault (which the VM kernel has; the host has only the BPF
+    classifier), judged by the ping probe's reading. Returns that detection."""
     rg.sh("modprobe sch_netem")
-    run = ChaosRun("net-loss.yaml", {"TRACEHOUND_METRICS_URL": agent.url}, qdiscs)
+    run = ChaosRun(example, {"TRACEHOUND_METRICS_URL": agent.url, **(env or {})}, qdiscs)
     ping = next((d for d in run.record.get("detections") or []
-                 if d.get("probe") == "ping-sees-loss"), {})
+                 if d.get("probe") == probe), {})
+    if ping.get("mttd_seconds") is not None:
+        c.timing(f"{key}_mttd_s", ping["mttd_seconds"])
     faults = run.record.get("faults") or []
-    c.record("netem_loss_detected", run.code == 0 and ping.get("detected") is True,
+    c.record(f"{key}_detected", run.code == 0 and ping.get("detected") is True,
              f"detection {ping}\n{run.context()}")
     applied = lambda state: bool(state) and "netem" in state  # noqa: E731
-    c.record("netem_loss_fault_applied", any(applied(x) for x in run.seen)
+    c.record(f"{key}_fault_applied", any(applied(x) for x in run.seen)
              and "netem" in json.dumps(faults), f"qdiscs seen {run.seen}\n{run.context()}")
-    c.record("netem_loss_rolled_back", lifted_after(run.seen, applied),
+    c.record(f"{key}_rolled_back", lifted_after(run.seen, applied),
              f"qdiscs seen {run.seen}\n{run.context()}")
     run.cleanup()
+    return ping
 
 
-def io_errors_experiment(c: rg.Checks, agent: rg.Agent) -> None:
+def netem_loss_experiment(c: rg.Checks, agent: rg.Agent) -> None:
+    netem_experiment(c, agent, "netem_loss", "net-loss.yaml", "ping-sees-loss")
+
+
+def netem_delay_experiment(c: rg.Checks, agent: rg.Agent) -> None:
+    """100 ms on the way out: the round trip ping measures carries it once,
+    and goes back to the emulated link's own after the rollback."""
+    ping = netem_experiment(c, agent, "netem_delay", "net-delay.yaml", "ping-sees-delay",
+                            {"CHAOS_DELAY_MS": "100"})
+    if ping.get("value") is not None:
+        c.timing("netem_delay_ping_rtt_ms", ping["value"])
+
+
+def io_errors_run(agent: rg.Agent, cgroup: str, env: dict | None = None) -> tuple:
+    """examples/io-errors.yaml on the VM's device-mapper disk: (table and
+    status before, the run)."""
     if not os.path.exists(f"/dev/mapper/{DM_NAME}"):
         make_dm_device()
     before = dm_state()
     run = ChaosRun("io-errors.yaml", {"TRACEHOUND_METRICS_URL": agent.url,
                                        "CHAOS_DM_NAME": DM_NAME, "CHAOS_MOUNTPOINT": DM_MOUNT,
-                                       "CHAOS_CGROUP": IO_CGROUP}, dm_state)
+                                       "CHAOS_CGROUP": cgroup, **(env or {})}, dm_state)
+    return before, run
+
+
+def io_errors_experiment(c: rg.Checks, agent: rg.Agent) -> None:
+    before, run = io_errors_run(agent, IO_CGROUP)
     judge(c, "io_errors", run, before, ("0 65536 error", "0 65536 error"), dm_state())
+    run.cleanup()
+
+
+def io_flakey_experiment(c: rg.Checks, agent: rg.Agent) -> None:
+    """The same example with a flapping disk: one second up, one down."""
+    before, run = io_errors_run(agent, IO_FLAKEY_CGROUP, {
+        "CHAOS_IO_ERRORS_MODE": "flakey", "CHAOS_UP_SECONDS": "1", "CHAOS_DOWN_SECONDS": "1"})
+    # the same device and offset, 1 s up, 1 s down (the kernel adds a feature count)
+    flakey = before[0].replace(" linear ", " flakey ") + " 1 1 "
+    judge(c, "io_flakey", run, before, flakey, dm_state(),
+          applied_when=lambda seen: any(state[0].startswith(flakey) for state in seen))
     run.cleanup()
 
 
@@ -308,7 +351,7 @@ def main(results: Path) -> int:
     try:
         for experiment in (memlock_experiment, cgroup_experiment, link_down_experiment,
                            recover_after_kill, io_throttle_experiment, netem_loss_experiment,
-                           io_errors_experiment):
+                           netem_delay_experiment, io_errors_experiment, io_flakey_experiment):
             t = time.monotonic()
             try:
                 experiment(c, agent)

@@ -11,10 +11,11 @@ import pytest
 pytestmark = pytest.mark.vm
 
 REPO = Path(__file__).resolve().parents[2]
-EXPERIMENTS = ["memlock", "rdma_cgroup", "link_down", "io_throttle", "netem_loss", "io_errors"]
+EXPERIMENTS = ["memlock", "rdma_cgroup", "link_down", "io_throttle", "netem_loss", "netem_delay",
+               "io_errors", "io_flakey"]
 CHECKS = [f"{name}_{what}" for name in EXPERIMENTS
           for what in ("detected", "fault_applied", "rolled_back")]
-CHECKS.append("link_down_recovered_after_kill")
+CHECKS += ["link_down_recovered_after_kill", "memlock_event_detected"]
 
 
 @pytest.fixture(scope="session")

@@ -2,9 +2,10 @@
 fast?
 
 A reading is polled until a predicate holds on a signal or time runs out.
-Sources: the local agent's /metrics (a metric selector), a Prometheus server
-(PromQL), or a command whose output holds a number (for what tracehound
-cannot see, so the report can say so). MTTD is measured from the moment
+Sources: the local agent's /metrics (a metric selector), its /events (the
+anomaly events whose fields match), a Prometheus server (PromQL), or a
+command whose output holds a number (for what tracehound cannot see, so the
+report can say so). MTTD is measured from the moment
 the fault was applied, not from when the probe started.
 """
 from __future__ import annotations
@@ -17,11 +18,12 @@ import time
 from . import metrics
 from .faults import Detection
 
-SOURCES = ("agent", "prometheus", "process")
+SOURCES = ("agent", "events", "prometheus", "process")
 SIGNALS = ("value", "increase", "rate", "mean")
-DETECT_KEYS = ("fault", "source", "url", "query", "signal", "window", "predicate", "command",
-               "extract", "timeout", "interval")
-QUERY_KEYS = ("source", "url", "query", "signal", "window", "command", "extract", "timeout")
+DETECT_KEYS = ("fault", "source", "url", "query", "match", "signal", "window", "predicate",
+               "command", "extract", "timeout", "interval")
+QUERY_KEYS = ("source", "url", "query", "match", "signal", "window", "command", "extract",
+              "timeout")
 _PREDICATE = re.compile(r"^\s*(==|!=|>=|<=|>|<)\s*([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?)\s*$")
 
 
@@ -55,7 +57,17 @@ def check_spec(spec: dict, query: bool = False) -> list[tuple[str, str]]:
         add("url", "url must be an http:// or https:// address")
     if source == "prometheus" and not url:
         add("url", "a prometheus source needs the server's url")
-    if source == "process":
+    if source == "events":
+        match = spec.get("match")
+        if not (isinstance(match, dict) and match and all(
+                isinstance(k, str) and isinstance(v, (str, int, float, bool))
+                for k, v in match.items())):
+            add("match", "an events source needs match: the fields an event must have, "
+                         "e.g. {kind: error_burst, op: reg_mr}")
+        if spec.get("signal", "increase") not in ("increase", "value"):
+            add("signal", "an events source counts matching events: use increase (events "
+                          "since the fault, the default) or value (all the agent holds)")
+    elif source == "process":
         cmd = spec.get("command")
         if not (isinstance(cmd, list) and cmd and all(isinstance(x, (str, int, float))
                                                      for x in cmd)):
@@ -109,6 +121,9 @@ def reader(spec: dict):
         return lambda: metrics.agent_point(url, sel, histogram, timeout)
     if source == "prometheus":
         return lambda: metrics.promql_value(spec["url"], spec["query"], timeout)
+    if source == "events":
+        return metrics.EventCounter(spec.get("url") or metrics.DEFAULT_AGENT_URL,
+                                    spec["match"], timeout)
     argv = [str(x) for x in spec["command"]]
     pattern = re.compile(spec["extract"]) if spec.get("extract") else None
 
@@ -171,6 +186,9 @@ def with_defaults(spec: dict, default: Detection | None) -> dict:
     when the probe names none."""
     spec = dict(spec)
     source = spec.setdefault("source", "agent")
+    if source == "events":
+        spec.setdefault("signal", "increase")
+        return spec
     if source == "process" or spec.get("query") or default is None:
         return spec
     if source == "agent" and default.query:
@@ -183,10 +201,18 @@ def with_defaults(spec: dict, default: Detection | None) -> dict:
     return spec
 
 
+def describe(spec: dict) -> str | None:
+    """What the probe asks, in one line (None: nothing to ask)."""
+    if spec.get("source") == "events":
+        return "events{" + ",".join(f'{k}="{v}"' for k, v in spec["match"].items()) + "}"
+    if spec.get("command"):
+        return " ".join(map(str, spec["command"]))
+    return spec.get("query")
+
+
 def take_baseline(spec: dict):
     """One reading just before the fault goes in (None if unreadable)."""
-    if spec.get("source", "agent") == "prometheus" or not (spec.get("query") or
-                                                          spec.get("command")):
+    if spec.get("source", "agent") == "prometheus" or not describe(spec):
         return None
     if spec.get("signal", "value") == "value":
         return None     # only increase, rate and mean look back
@@ -199,13 +225,12 @@ def take_baseline(spec: dict):
 def run_detection(spec: dict, applied_at: float | None, baseline=None,
                   fault: str | None = None) -> dict:
     source = spec.get("source", "agent")
-    query = spec.get("query") or (" ".join(map(str, spec["command"]))
-                                  if spec.get("command") else None)
+    query = describe(spec)
     result = {"fault": fault, "source": source, "query": query,
               "signal": spec.get("signal", "value"), "predicate": spec.get("predicate"),
               "detected": False, "mttd_seconds": None, "value": None,
-              "tracehound_signal": source != "process" and bool(query)
-              and "tracehound_" in query,
+              "tracehound_signal": source == "events" or (
+                  source != "process" and bool(query) and "tracehound_" in query),
               "note": spec.get("note", ""), "samples": []}
     if applied_at is None:
         result["note"] = "no fault was applied before this probe"
@@ -235,6 +260,8 @@ def run_detection(spec: dict, applied_at: float | None, baseline=None,
             if compare(value, predicate):
                 result["detected"] = True
                 result["mttd_seconds"] = round(now - applied_at, 3)
+                if getattr(read, "last_match", None) is not None:
+                    result["event"] = read.last_match     # when the agent decided, and why
                 break
         if now + interval > deadline:
             break

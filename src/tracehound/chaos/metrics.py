@@ -2,6 +2,7 @@
 /metrics page, or a PromQL query against a Prometheus server."""
 from __future__ import annotations
 
+import json
 import re
 import urllib.parse
 import urllib.request
@@ -122,3 +123,40 @@ def promql_value(base_url: str, query: str, timeout: float = 5.0) -> float | Non
     except prometheus.PrometheusError as exc:
         raise QueryError(str(exc)) from None
     return sum(s.value for s in samples) if samples else None
+
+
+def events_url(url: str) -> str:
+    """An agent's /events address from its /metrics one (or itself)."""
+    if url.endswith("/events"):
+        return url
+    return url.removesuffix("/metrics").rstrip("/") + "/events"
+
+
+class EventCounter:
+    """How many of the agent's anomaly events carry every field of `match`,
+    counted from what the agent still held at the first read. Each read asks
+    only for events newer than the last one seen."""
+
+    def __init__(self, url: str, match: dict, timeout: float = 5.0):
+        self.url = events_url(url)
+        self.match = {k: str(v) for k, v in match.items()}
+        self.timeout = timeout
+        self.seq = 0
+        self.count = 0
+        self.last_match: dict | None = None
+
+    def matches(self, event: dict) -> bool:
+        return all(str(event.get(k)) == v for k, v in self.match.items())
+
+    def __call__(self) -> float:
+        text = fetch(f"{self.url}?since={self.seq}", self.timeout)
+        try:
+            page = json.loads(text)
+            events, self.seq = page["events"], int(page["next"])
+        except (ValueError, KeyError, TypeError):
+            raise QueryError(f"{self.url}: not an event list ({text[:80]!r})") from None
+        for event in events:
+            if isinstance(event, dict) and self.matches(event):
+                self.count += 1
+                self.last_match = event
+        return float(self.count)

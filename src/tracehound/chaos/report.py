@@ -101,11 +101,15 @@ def markdown(record: dict, plot: str | None, plot_note: str) -> str:
         for d in record["detections"]:
             mttd = f"{d['mttd_seconds']:.2f} s" if d["mttd_seconds"] is not None else "-"
             signal = f"{d['signal']} {d['predicate']}" if d.get("predicate") else d["signal"]
+            note = d.get("note") or ""
+            if d.get("event"):      # the agent's own event: what it saw, and when
+                note += " event: " + ", ".join(f"{k}={v}" for k, v in d["event"].items()
+                                               if k != "seq")
             lines.append(
                 f"| {d['probe']} | `{d['fault']}` | {d['source']} | `{_cell(d['query'] or '-')}` "
                 f"| {_cell(signal)} | **{_yes(d['detected'])}** | "
                 f"{_yes(d['detected'] and d['tracehound_signal'])} | {mttd} | "
-                f"{_cell(d['value'])} | {_cell(d.get('note') or '')} |")
+                f"{_cell(d['value'])} | {_cell(note.strip())} |")
     lines += ["", "## Activities", "", "| phase | activity | provider | start | duration | "
               "status | output |", "|---|---|---|---|---|---|---|"]
     runs = [r for s in ("before", "after", "after_rollback") if states.get(s)

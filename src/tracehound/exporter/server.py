@@ -68,8 +68,12 @@ class _QuietHandler(WSGIRequestHandler):
 
 
 class Exporter:
-    def __init__(self, registry: CollectorRegistry, listen: str = DEFAULT_LISTEN):
+    """/metrics from the registry, and any extra routes (path -> WSGI app)."""
+
+    def __init__(self, registry: CollectorRegistry, listen: str = DEFAULT_LISTEN,
+                 routes: dict | None = None):
         self.registry = registry
+        self.routes = dict(routes or {})
         self.host, self.port = parse_listen(listen)
         self._server = None
         self._thread = None
@@ -80,15 +84,20 @@ class Exporter:
         return f"http://{host}:{self.port}/metrics"
 
     def start(self) -> "Exporter":
-        app = make_wsgi_app(self.registry)
+        metrics_app = make_wsgi_app(self.registry)
+
+        def app(environ, start_response):
+            route = self.routes.get(environ.get("PATH_INFO", ""), metrics_app)
+            return route(environ, start_response)
         cls = _V6Server if ":" in self.host else _Server
         try:
             self._server = make_server(self.host, self.port, app, server_class=cls,
                                        handler_class=_QuietHandler)
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
-                raise SetupError(f"cannot listen on {self.host}:{self.port}: address already in "
-                                 "use (another agent running? pick one with --listen HOST:PORT)") from None
+                raise SetupError(f"cannot listen on {self.host}:{self.port}: address already "
+                                 "in use (another agent running? pick one with --listen "
+                                 "HOST:PORT)") from None
             raise SetupError(f"cannot listen on {self.host}:{self.port}: {exc.strerror}") from None
         self.port = self._server.server_port
         self._thread = threading.Thread(target=self._server.serve_forever, name="exporter",

@@ -366,9 +366,7 @@ class IoErrors(Fault):
     def rollback(self, state):
         current = run_cmd(["dmsetup", "table", state["name"]]).stdout.strip()
         if current != state["original"]:
-            # the file system cannot be frozen over a failing table (its
-            # flush fails, and with it the suspend): swap without freezing
-            _dm_load(state["name"], state["original"], lockfs=False)
+            _dm_load(state["name"], state["original"])
         return None
 
     def detection(self, args, state=None):
@@ -379,8 +377,13 @@ class IoErrors(Fault):
                          note="reads on the device fail with EIO")
 
 
-def _dm_load(name: str, table: str, lockfs: bool = True) -> None:
-    run_cmd(["dmsetup", "suspend", name] + ([] if lockfs else ["--nolockfs"]))
+def _dm_load(name: str, table: str) -> None:
+    """Swap the table without freezing the file system on it: a freeze
+    starts with a sync, which fails over a failing table and, once, after
+    one (the block device still holds the write error), and a real disk
+    does not wait for a clean file system before it fails either. The
+    suspend still waits for I/O in flight, so the swap is atomic."""
+    run_cmd(["dmsetup", "suspend", "--nolockfs", name])
     try:
         out = subprocess.run(["dmsetup", "load", name], input=table + "\n", text=True,
                              capture_output=True, timeout=30)

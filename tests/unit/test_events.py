@@ -1,0 +1,150 @@
+"""The agent's /events page and the chaos detection probe that reads it,
+over real HTTP from a real Exporter: events logged on tracehound.events by
+a detector come back by sequence number, and a probe matching their fields
+detects a fault with the event that showed it."""
+import json
+import logging
+import threading
+import time
+import urllib.error
+import urllib.request
+
+import pytest
+from prometheus_client import CollectorRegistry
+
+from tracehound.chaos import detect
+from tracehound.chaos.metrics import EventCounter, events_url
+from tracehound.exporter.events import EVENTS_LOGGER, EventLog
+from tracehound.exporter.server import Exporter
+
+events_log = logging.getLogger(EVENTS_LOGGER)
+
+
+def emit(**event):
+    events_log.warning(json.dumps(event, sort_keys=True))
+
+
+@pytest.fixture
+def agent_http():
+    """An exporter serving /metrics and /events, as the agent wires it."""
+    log = EventLog(capacity=8)
+    exporter = Exporter(CollectorRegistry(), "127.0.0.1:0", {"/events": log.wsgi}).start()
+    log.attach()
+    yield exporter, log
+    log.detach()
+    exporter.stop()
+
+
+def get(url: str) -> dict:
+    with urllib.request.urlopen(url, timeout=5) as r:
+        return json.loads(r.read())
+
+
+def test_events_come_back_in_order_and_only_the_new_ones(agent_http):
+    exporter, _ = agent_http
+    url = events_url(exporter.url)
+    assert url.endswith("/events") and get(url) == {"events": [], "next": 0, "dropped": False}
+    emit(event="rdma_anomaly", kind="error_burst", op="reg_mr", errno="ENOMEM")
+    emit(event="gpu_anomaly", kind="xid", gpu="0", xid=79)
+    page = get(url)
+    assert [e["kind"] for e in page["events"]] == ["error_burst", "xid"]
+    assert [e["seq"] for e in page["events"]] == [1, 2] and page["next"] == 2
+    emit(event="rdma_anomaly", kind="port_error", device="rxe0")
+    newer = get(f"{url}?since={page['next']}")
+    assert [e["kind"] for e in newer["events"]] == ["port_error"] and newer["next"] == 3
+
+
+def test_metrics_are_still_served_beside_events(agent_http):
+    exporter, _ = agent_http
+    with urllib.request.urlopen(exporter.url, timeout=5) as r:
+        assert r.status == 200 and r.headers["Content-Type"].startswith("text/plain")
+
+
+def test_a_reader_that_fell_behind_the_ring_is_told(agent_http):
+    exporter, _ = agent_http
+    for i in range(12):                      # the ring holds 8
+        emit(event="rdma_anomaly", kind="error_burst", n=i)
+    page = get(f"{events_url(exporter.url)}?since=0")
+    assert page["dropped"] is True and [e["n"] for e in page["events"]] == list(range(4, 12))
+    assert get(f"{events_url(exporter.url)}?since=4")["dropped"] is False
+
+
+def test_plain_messages_on_the_logger_are_not_events(agent_http):
+    exporter, log = agent_http
+    events_log.warning("not json")
+    events_log.warning("[1, 2]")
+    assert log.since(0)["events"] == []
+
+
+def test_a_bad_since_is_a_400(agent_http):
+    exporter, _ = agent_http
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(f"{events_url(exporter.url)}?since=-1", timeout=5)
+    assert err.value.code == 400 and b"since must be a sequence number" in err.value.read()
+
+
+def test_the_counter_matches_every_field_and_reads_incrementally(agent_http):
+    exporter, _ = agent_http
+    emit(event="rdma_anomaly", kind="error_burst", op="reg_mr")
+    counter = EventCounter(exporter.url, {"kind": "error_burst", "op": "reg_mr"})
+    assert counter() == 1.0
+    emit(event="rdma_anomaly", kind="error_burst", op="create_qp")   # other op
+    emit(event="rdma_anomaly", kind="error_burst", op="reg_mr", pid=7)
+    assert counter() == 2.0 and counter.last_match["pid"] == 7 and counter.seq == 3
+
+
+def test_detection_by_event_reports_the_event_and_the_mttd(agent_http):
+    exporter, _ = agent_http
+    emit(event="rdma_anomaly", kind="error_burst", op="reg_mr", pid=1)     # before the fault
+    spec = detect.with_defaults({"source": "events", "url": exporter.url, "timeout": 10,
+                                 "interval": 0.1, "match": {"kind": "error_burst",
+                                                            "op": "reg_mr"}}, None)
+    assert spec["signal"] == "increase"
+    baseline = detect.take_baseline(spec)
+    applied = time.monotonic()
+    threading.Timer(0.5, emit, kwargs={"event": "rdma_anomaly", "kind": "error_burst",
+                                       "op": "reg_mr", "pid": 42}).start()
+    result = detect.run_detection(spec, applied, baseline, fault="rdma.memlock")
+    assert result["detected"] is True and result["tracehound_signal"] is True
+    assert 0.4 <= result["mttd_seconds"] < 5
+    assert result["event"]["pid"] == 42 and result["value"] == 1.0
+    assert result["query"] == 'events{kind="error_burst",op="reg_mr"}'
+
+
+def test_detection_by_event_times_out_when_none_matches(agent_http):
+    exporter, _ = agent_http
+    spec = detect.with_defaults({"source": "events", "url": exporter.url, "timeout": 0.6,
+                                 "interval": 0.1, "match": {"kind": "leaked_objects"}}, None)
+    emit(event="rdma_anomaly", kind="error_burst")
+    result = detect.run_detection(spec, time.monotonic(), detect.take_baseline(spec))
+    assert result["detected"] is False and result["mttd_seconds"] is None
+
+
+@pytest.mark.parametrize("spec,fragment", [
+    ({"source": "events"}, "needs match"),
+    ({"source": "events", "match": {}}, "needs match"),
+    ({"source": "events", "match": {"kind": ["a"]}}, "needs match"),
+    ({"source": "events", "match": {"kind": "x"}, "signal": "rate"}, "counts matching events"),
+])
+def test_bad_event_probes_are_explained(spec, fragment):
+    problems = detect.check_spec(spec)
+    assert any(fragment in msg for _, msg in problems), problems
+
+
+def test_the_report_names_the_event_that_showed_the_fault():
+    from tracehound.chaos import report
+    event = {"time": "2026-11-22T10:00:01.250+00:00", "event": "rdma_anomaly",
+             "kind": "error_burst", "op": "reg_mr", "errno": "ENOMEM", "seq": 9}
+    record = {"title": "t", "status": "completed", "run_id": "r", "start": "s",
+              "duration": 1, "source": "f", "journal": "j", "steady_states": {},
+              "faults": [], "runs": [], "rollbacks": [],
+              "detections": [{"probe": "p", "fault": "rdma.memlock", "source": "events",
+                              "query": 'events{kind="error_burst"}', "signal": "increase",
+                              "predicate": "> 0", "detected": True, "tracehound_signal": True,
+                              "mttd_seconds": 1.25, "value": 1.0, "note": "",
+                              "event": event}]}
+    text = report.markdown(record, None, "")
+    row = next(line for line in text.splitlines() if line.startswith("| p |"))
+    assert "**yes** | yes | 1.25 s" in row
+    assert "event: time=2026-11-22T10:00:01.250+00:00" in row and "errno=ENOMEM" in row
+    assert "seq=" not in row
