@@ -19,6 +19,7 @@ dependencies are installed.
 from __future__ import annotations
 
 import codecs
+import json
 import os
 import re
 import shlex
@@ -296,3 +297,24 @@ def _kill(proc: subprocess.Popen) -> None:
     except ProcessLookupError:
         pass
     proc.wait()
+
+
+def run_guest_checks(script: str, results: Path, timeout: float) -> tuple[VmResult, dict]:
+    """Boot once, run tests/vm/SCRIPT RESULTS as root in the guest, and read
+    back the checks.json it writes as it goes (what it decided before a
+    crash or a timeout still comes back)."""
+    repo = Path(__file__).resolve().parents[2]
+    result = run_in_vm(f"{sys.executable} tests/vm/{script} {results}", timeout=timeout,
+                       cwd=repo, writable=[results])
+    report = results / "checks.json"
+    data = (json.loads(report.read_text()) if report.exists()
+            else {"checks": {}, "timings": {}})
+    print(f"\nVM boot {result.boot_seconds:.1f} s, total {result.total_seconds:.1f} s, "
+          f"timings {data['timings']}")
+    return result, data
+
+
+def assert_check(result: VmResult, data: dict, name: str) -> None:
+    check = data["checks"].get(name)
+    assert check is not None, f"check {name} never ran; guest output:\n{result.output[-6000:]}"
+    assert check["ok"], f"{name}: {check['detail']}"

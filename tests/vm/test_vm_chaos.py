@@ -1,16 +1,11 @@
 """The chaos faults that need the VM (soft-RoCE, device-mapper), end to end
 in the Debian 6.1 VM: one boot runs every experiment
 (tests/vm/chaos_guest_checks.py); each check comes back as its own test."""
-import json
-import sys
-from pathlib import Path
-
 import harness
 import pytest
 
 pytestmark = pytest.mark.vm
 
-REPO = Path(__file__).resolve().parents[2]
 EXPERIMENTS = ["memlock", "rdma_cgroup", "link_down", "io_throttle", "netem_loss", "netem_delay",
                "io_errors", "io_flakey"]
 CHECKS = [f"{name}_{what}" for name in EXPERIMENTS
@@ -20,14 +15,8 @@ CHECKS += ["link_down_recovered_after_kill", "memlock_event_detected"]
 
 @pytest.fixture(scope="session")
 def chaos_run(tmp_path_factory):
-    results = tmp_path_factory.mktemp("vm-chaos")
-    script = f"{sys.executable} tests/vm/chaos_guest_checks.py {results}"
-    result = harness.run_in_vm(script, timeout=900, cwd=REPO, writable=[results])
-    report = results / "checks.json"
-    data = json.loads(report.read_text()) if report.exists() else {"checks": {}, "timings": {}}
-    print(f"\nVM boot {result.boot_seconds:.1f} s, total {result.total_seconds:.1f} s, "
-          f"timings {data['timings']}")
-    return result, data
+    return harness.run_guest_checks("chaos_guest_checks.py", tmp_path_factory.mktemp("vm-chaos"),
+                                    timeout=900)
 
 
 def test_scenario_ran_to_completion(chaos_run):
@@ -41,7 +30,4 @@ def test_scenario_ran_to_completion(chaos_run):
 
 @pytest.mark.parametrize("name", CHECKS)
 def test_chaos_check(chaos_run, name):
-    result, data = chaos_run
-    check = data["checks"].get(name)
-    assert check is not None, f"check {name} never ran; guest output:\n{result.output[-6000:]}"
-    assert check["ok"], f"{name}: {check['detail']}"
+    harness.assert_check(*chaos_run, name)

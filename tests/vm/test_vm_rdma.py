@@ -1,16 +1,11 @@
 """RDMA state tracking on a real soft-RoCE device (rdma_rxe) in the Debian 6.1
 VM. One boot runs the whole scenario (tests/vm/rdma_guest_checks.py); each of
 its checks comes back as its own test outcome here."""
-import json
-import sys
-from pathlib import Path
-
 import harness
 import pytest
 
 pytestmark = pytest.mark.vm
 
-REPO = Path(__file__).resolve().parents[2]
 CHECKS = [
     "fentry_mode_attached",
     "mirror_matches_kernel_at_start",
@@ -43,25 +38,17 @@ CHECKS = [
 
 @pytest.fixture(scope="session")
 def rdma_run(tmp_path_factory):
-    results = tmp_path_factory.mktemp("vm-rdma")
-    script = f"{sys.executable} tests/vm/rdma_guest_checks.py {results}"
-    result = harness.run_in_vm(script, timeout=1500, cwd=REPO, writable=[results])
-    report = results / "checks.json"
-    data = json.loads(report.read_text()) if report.exists() else {"checks": {}, "timings": {}}
-    print(f"\nVM boot {result.boot_seconds:.1f} s, total {result.total_seconds:.1f} s, "
-          f"timings {data['timings']}")
-    return result, data
+    return harness.run_guest_checks("rdma_guest_checks.py", tmp_path_factory.mktemp("vm-rdma"),
+                                    timeout=1500)
 
 
 def test_scenario_ran_to_completion(rdma_run):
     result, data = rdma_run
-    assert result.returncode == 0, f"guest scenario failed (exit {result.returncode}):\n{result.output[-6000:]}"
+    assert result.returncode == 0, \
+        f"guest scenario failed (exit {result.returncode}):\n{result.output[-6000:]}"
     assert "scenario_s" in data["timings"], result.output[-6000:]
 
 
 @pytest.mark.parametrize("name", CHECKS)
 def test_rdma_check(rdma_run, name):
-    result, data = rdma_run
-    check = data["checks"].get(name)
-    assert check is not None, f"check {name} never ran; guest output:\n{result.output[-6000:]}"
-    assert check["ok"], f"{name}: {check['detail']}"
+    harness.assert_check(*rdma_run, name)

@@ -58,6 +58,12 @@ class Detection:
     promql: str | None = None
     note: str = ""
 
+    @classmethod
+    def counter_grows(cls, query: str, note: str) -> "Detection":
+        """The usual question: did this counter grow after the fault went in?"""
+        return cls(query=query, signal="increase", predicate="> 0",
+                   promql=f"sum(increase({query}[1m]))", note=note)
+
 
 def target_args(default_max: int = 1) -> dict[str, Arg]:
     """Arguments shared by faults aimed at processes."""

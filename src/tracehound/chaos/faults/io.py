@@ -286,11 +286,9 @@ class IoFill(Fault):
         path = args["path"]
         mount = mount_of(path) if os.path.isdir(path) else "<mount of path>"
         sel = f'{{mountpoint="{mount}"}}'
-        return Detection(query="tracehound_io_write_errors_total" + sel, signal="increase",
-                         predicate="> 0",
-                         promql=f"sum(increase(tracehound_io_write_errors_total{sel}[1m]))",
-                         note="writers on the file system get ENOSPC (write errors); "
-                              "tracehound exports no free-space gauge")
+        return Detection.counter_grows("tracehound_io_write_errors_total" + sel,
+                                       "writers on the file system get ENOSPC (write errors); "
+                                       "tracehound exports no free-space gauge")
 
 
 def _allocate(fd: int, size: int) -> int:
@@ -371,10 +369,8 @@ class IoErrors(Fault):
 
     def detection(self, args, state=None):
         sel = f'{{mountpoint="{args["mountpoint"]}"}}' if args.get("mountpoint") else ""
-        return Detection(query="tracehound_io_read_errors_total" + sel, signal="increase",
-                         predicate="> 0",
-                         promql=f"sum(increase(tracehound_io_read_errors_total{sel}[1m]))",
-                         note="reads on the device fail with EIO")
+        return Detection.counter_grows("tracehound_io_read_errors_total" + sel,
+                                       "reads on the device fail with EIO")
 
 
 def _dm_load(name: str, table: str) -> None:

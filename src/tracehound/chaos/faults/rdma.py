@@ -94,9 +94,7 @@ class RdmaMemlock(Fault):
 
     def detection(self, args, state=None):
         q = 'tracehound_rdma_verb_errors_total{op=~"reg_mr|umem_get",errno="ENOMEM"}'
-        return Detection(query=q, signal="increase", predicate="> 0",
-                         promql=f"sum(increase({q}[1m]))",
-                         note="memory registrations fail with ENOMEM")
+        return Detection.counter_grows(q, "memory registrations fail with ENOMEM")
 
 
 class RdmaCgroup(Fault):
@@ -156,9 +154,7 @@ class RdmaCgroup(Fault):
 
     def detection(self, args, state=None):
         q = 'tracehound_rdma_verb_errors_total{errno="EAGAIN"}'
-        return Detection(query=q, signal="increase", predicate="> 0",
-                         promql=f"sum(increase({q}[1m]))",
-                         note="object creation fails with EAGAIN")
+        return Detection.counter_grows(q, "object creation fails with EAGAIN")
 
 
 def link_is_up(netns: str | None, ifname: str) -> bool:
@@ -216,9 +212,7 @@ class RdmaLinkDown(Fault):
 
     def detection(self, args, state=None):
         q = 'tracehound_rdma_async_events_total{event="PORT_ERR"}'
-        return Detection(query=q, signal="increase", predicate="> 0",
-                         promql=f"sum(increase({q}[1m]))",
-                         note="the RDMA core dispatches a port error event")
+        return Detection.counter_grows(q, "the RDMA core dispatches a port error event")
 
 
 FAULTS = [RdmaMemlock(), RdmaCgroup(), RdmaLinkDown()]
