@@ -58,17 +58,23 @@ def pod_logs():
     shutil.rmtree(root)
 
 
+def make_dirs(root: str, path: str, made: list) -> None:
+    """mkdir -p ROOT/PATH, adding each directory it created to `made`
+    (removed afterwards in reverse, so nothing that was there goes)."""
+    d = root
+    for part in path.strip("/").split("/"):
+        d = os.path.join(d, part)
+        if not os.path.isdir(d):
+            os.mkdir(d)
+            made.append(d)
+
+
 @pytest.fixture(scope="module")
 def trees(cgroup_root):
     """Creates every layout's directories; removes exactly those it created."""
     made = []
     for path, _ in LAYOUTS.values():
-        d = cgroup_root
-        for part in path.strip("/").split("/"):
-            d = os.path.join(d, part)
-            if not os.path.isdir(d):
-                os.mkdir(d)
-                made.append(d)
+        make_dirs(cgroup_root, path, made)
     yield
     for d in reversed(made):
         remove_cgroup(d)
@@ -154,12 +160,7 @@ def test_slurm_v1_job_on_a_hybrid_host(agent, cgroup_root, cgroup, tmpfs):
         pytest.skip("this host has no cgroup v1 freezer hierarchy (not a hybrid host)")
     step = f"/slurm/uid_0/job_{JOB}/step_0/task_0"
     made = []
-    d = FREEZER_V1
-    for part in step.strip("/").split("/"):
-        d = os.path.join(d, part)
-        if not os.path.isdir(d):
-            os.mkdir(d)
-            made.append(d)
+    make_dirs(FREEZER_V1, step, made)
     size = 77_777
     holder = subprocess.Popen(
         [sys.executable, "-c", HOLDER, cgroup_root + cgroup + "/cgroup.procs",

@@ -12,16 +12,17 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
 import uuid
+from contextlib import ExitStack
 from dataclasses import dataclass
 
 import pytest
 import yaml
 
+from tests import prometheus_server
 from tests.conftest import ROOT, tracehound_cmd
 from tests.kernel.conftest import run_in_cgroup
 from tracehound.chaos.workload import start_writer, stop_workload
@@ -30,10 +31,8 @@ from tracehound.fleet.prometheus import (
     PrometheusError,
     query,
     wait_for,
-    wait_ready,
 )
 
-PROMETHEUS = "/usr/bin/prometheus"
 SCRAPE = os.path.join(ROOT, "deploy", "prometheus", "scrape.yml")
 RULES = os.path.join(ROOT, "deploy", "prometheus", "tracehound-rules.yml")
 MiB = 1 << 20
@@ -68,12 +67,6 @@ class Fleet:
 
 def sh(*argv):
     subprocess.run(argv, check=True, capture_output=True, text=True, timeout=30)
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def start_agent(node: Node, hook_mode: str, pod_logs: str) -> None:
@@ -136,9 +129,7 @@ def fleet(cgroup_root, tmpfs, hook_mode):
     for tool in ("ip", "nsenter"):
         if shutil.which(tool) is None:
             pytest.skip(f"{tool} is not installed")
-    if not os.access(PROMETHEUS, os.X_OK):
-        pytest.fail(f"{PROMETHEUS} is missing: apt-get install prometheus "
-                    "(scripts/install --dev does)")
+    prometheus_server.require()
     token = uuid.uuid4().hex[:6]
     tmp = tempfile.mkdtemp(prefix="thtest-fleet-")
     subnet = f"10.231.{int(token[:2], 16)}"
@@ -153,7 +144,7 @@ def fleet(cgroup_root, tmpfs, hook_mode):
         Node("node3", f"thtest-node3-{token}", f"thv3{token}", f"{subnet}.9", f"{subnet}.10",
              f"{base}/node3/" + slurm.format(jobs["node3"]), 3 * MiB + 303),
     ]
-    prom = None
+    prom = ExitStack()
     try:
         pod_logs = write_pod_logs(tmp)
         for n in nodes:
@@ -169,22 +160,8 @@ def fleet(cgroup_root, tmpfs, hook_mode):
             os.makedirs(cgroup_root + n.cgroup)
         for n in nodes:
             start_agent(n, hook_mode, pod_logs)
-        ghost = f"127.0.0.1:{free_port()}"     # nothing listens there
-        config = os.path.join(tmp, "prometheus.yml")
-        with open(config, "w") as f:
-            yaml.safe_dump(prometheus_config(nodes, ghost), f)
-        url = f"http://127.0.0.1:{free_port()}"
-        with open(os.path.join(tmp, "prometheus.log"), "w") as out:
-            prom = subprocess.Popen(
-                [PROMETHEUS, f"--config.file={config}",
-                 f"--storage.tsdb.path={os.path.join(tmp, 'data')}",
-                 f"--web.listen-address={url[len('http://'):]}", "--log.level=warn"],
-                stdout=out, stderr=subprocess.STDOUT)
-        try:
-            wait_ready(url, timeout=60)
-        except DetectionTimeout:
-            with open(os.path.join(tmp, "prometheus.log")) as f:
-                pytest.fail(f"Prometheus did not start:\n{f.read()}")
+        ghost = f"127.0.0.1:{prometheus_server.free_port()}"     # nothing listens there
+        url = prom.enter_context(prometheus_server.serving(tmp, prometheus_config(nodes, ghost)))
         for n in nodes:
             f = os.path.join(tmpfs, f"fleet-{token}-{n.name}")
             assert run_in_cgroup(cgroup_root, n.cgroup, [["write", f, n.written, 65536],
@@ -192,7 +169,7 @@ def fleet(cgroup_root, tmpfs, hook_mode):
             os.unlink(f)
         yield Fleet(nodes, url, jobs, ghost)
     finally:
-        stop(prom)
+        prom.close()
         for n in nodes:
             stop(n.proc)
             # deleting the namespace deletes both ends of its veth pair

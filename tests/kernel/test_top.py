@@ -8,7 +8,6 @@ import re
 import shlex
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -19,8 +18,10 @@ import uuid
 
 import pytest
 
+from tests import prometheus_server
 from tests.conftest import tracehound_cmd
 from tests.kernel.conftest import mount_of, run_in_cgroup, series
+from tracehound.fleet.prometheus import wait_for
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None,
                                 reason="needs tmux (scripts/install --dev installs it)")
@@ -149,6 +150,21 @@ def terminal_is_sane(screen: str, marker: str) -> bool:
         re.search(r"(?<![-\w])echo\b", after) is not None
 
 
+def assert_exited(tmux, marker: str, code: int, what: str) -> None:
+    """top ended with `code` (the shell echoed MARKER=code, then ran
+    `stty -a`), without a traceback, and left the terminal sane."""
+    screen = tmux.wait_for(lambda s: f"{marker}=" in s and "speed" in s.split(f"{marker}=", 1)[1],
+                           what)
+    assert f"{marker}={code}" in screen and "Traceback" not in screen, screen
+    assert terminal_is_sane(screen, f"{marker}={code}"), screen
+
+
+def relaunch(tmux, top: str, marker: str, what: str) -> None:
+    tmux.type(f"clear; {top}; echo {marker}=$?; stty -a")
+    tmux.key("Enter")
+    tmux.wait_for(lambda s: "tracehound top" in s and "WRITE/s" in s, what)
+
+
 def test_live_view_in_a_terminal(agent, workloads, tmux):
     tag, writer, reader = workloads
     top = " ".join(shlex.quote(a) for a in tracehound_cmd() + ["top", "--url", agent.url])
@@ -197,30 +213,17 @@ def test_live_view_in_a_terminal(agent, workloads, tmux):
 
     # q quits cleanly and leaves the terminal as it found it
     tmux.type("q")
-    screen = tmux.wait_for(lambda s: "EXIT=" in s and "speed" in s.split("EXIT=", 1)[1],
-                           "the exit status and stty output")
-    assert "EXIT=0" in screen and "Traceback" not in screen, screen
-    assert terminal_is_sane(screen, "EXIT=0"), screen
+    assert_exited(tmux, "EXIT", 0, "the exit status and stty output")
 
     # SIGTERM restores the terminal too
-    tmux.type(f"clear; {top}; echo EXIT2=$?; stty -a")
-    tmux.key("Enter")
-    tmux.wait_for(lambda s: "tracehound top" in s and "WRITE/s" in s, "the second live view")
+    relaunch(tmux, top, "EXIT2", "the second live view")
     os.kill(tmux.shell_child(), signal.SIGTERM)
-    screen = tmux.wait_for(lambda s: "EXIT2=" in s and "speed" in s.split("EXIT2=", 1)[1],
-                           "the exit status after SIGTERM")
-    assert "EXIT2=143" in screen and "Traceback" not in screen, screen
-    assert terminal_is_sane(screen, "EXIT2=143"), screen
+    assert_exited(tmux, "EXIT2", 143, "the exit status after SIGTERM")
 
     # and so does Ctrl-C
-    tmux.type(f"clear; {top}; echo EXIT3=$?; stty -a")
-    tmux.key("Enter")
-    tmux.wait_for(lambda s: "tracehound top" in s and "WRITE/s" in s, "the third live view")
+    relaunch(tmux, top, "EXIT3", "the third live view")
     tmux.key("C-c")
-    screen = tmux.wait_for(lambda s: "EXIT3=" in s and "speed" in s.split("EXIT3=", 1)[1],
-                           "the exit status after Ctrl-C")
-    assert "EXIT3=130" in screen and "Traceback" not in screen, screen
-    assert terminal_is_sane(screen, "EXIT3=130"), screen
+    assert_exited(tmux, "EXIT3", 130, "the exit status after Ctrl-C")
 
 
 class ScrapeProxy:
@@ -313,45 +316,12 @@ def test_once_json_matches_the_exporter(agent, cgroup_root, cgroup, tmpfs):
 @pytest.fixture
 def prometheus(agent, tmp_path):
     """A real Prometheus scraping the agent every second; yields its URL."""
-    binary = shutil.which("prometheus")
-    if binary is None:
-        pytest.skip("needs Debian's prometheus (scripts/install --dev installs it)")
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
     target = urllib.parse.urlsplit(agent.url).netloc
-    config = tmp_path / "prometheus.yml"
-    config.write_text(json.dumps({   # JSON is YAML
-        "global": {"scrape_interval": "1s"},
-        "scrape_configs": [{"job_name": "tracehound",
-                            "static_configs": [{"targets": [target]}]}]}))
-    proc = subprocess.Popen([binary, f"--config.file={config}",
-                             f"--storage.tsdb.path={tmp_path / 'data'}",
-                             f"--web.listen-address=127.0.0.1:{port}"],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    try:
-        yield f"http://127.0.0.1:{port}"
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
-
-
-def prom_value(url: str, expr: str):
-    query = urllib.parse.urlencode({"query": expr})
-    try:
-        with urllib.request.urlopen(f"{url}/api/v1/query?{query}", timeout=5) as r:
-            result = json.load(r)["data"]["result"]
-    except OSError:
-        return None            # not listening yet
-    return float(result[0]["value"][1]) if result else None
-
-
-def wait_for_prometheus(url: str, expr: str, want: float, timeout: float = 60) -> None:
-    deadline = time.monotonic() + timeout
-    while prom_value(url, expr) != want:
-        if time.monotonic() > deadline:
-            pytest.fail(f"Prometheus never answered {want} to {expr}")
-        time.sleep(0.5)
+    config = {"global": {"scrape_interval": "1s"},
+              "scrape_configs": [{"job_name": "tracehound",
+                                  "static_configs": [{"targets": [target]}]}]}
+    with prometheus_server.serving(tmp_path, config) as url:
+        yield url
 
 
 def test_prometheus_source_against_a_real_server(prometheus, cgroup_root, cgroup, tmpfs):
@@ -360,9 +330,9 @@ def test_prometheus_source_against_a_real_server(prometheus, cgroup_root, cgroup
     try:
         # rate() needs an increase between two samples, so write twice
         run_in_cgroup(cgroup_root, cgroup, [["write", path, 100_000, 65536]])
-        wait_for_prometheus(prometheus, total, 100_000)
+        wait_for(prometheus, f"{total} == 100000", timeout=60)
         run_in_cgroup(cgroup_root, cgroup, [["write", path + ".2", 300_000, 65536]])
-        wait_for_prometheus(prometheus, total, 400_000)
+        wait_for(prometheus, f"{total} == 400000", timeout=60)
     finally:
         for p in (path, path + ".2"):
             if os.path.exists(p):

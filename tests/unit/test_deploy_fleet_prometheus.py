@@ -1,58 +1,29 @@
 """tracehound.fleet.prometheus against a real Prometheus server (no agent, no
 root): result types, errors, and waiting through a server that is still starting."""
-import os
 import shutil
-import socket
-import subprocess
 import threading
 import time
 
 import pytest
 
+from tests import prometheus_server
 from tracehound.fleet.prometheus import (
     DetectionTimeout,
     PrometheusError,
     query,
     wait_for,
-    wait_ready,
 )
 
-PROMETHEUS = "/usr/bin/prometheus"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start_prometheus(tmp_path, port):
-    config = tmp_path / "prometheus.yml"
-    config.write_text("global:\n  evaluation_interval: 1s\n")
-    log = open(tmp_path / "prometheus.log", "w")
-    proc = subprocess.Popen([PROMETHEUS, f"--config.file={config}",
-                             f"--storage.tsdb.path={tmp_path / 'data'}",
-                             f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
-                            stdout=log, stderr=subprocess.STDOUT)
-    log.close()
-    return proc
+CONFIG = {"global": {"evaluation_interval": "1s"}}
 
 
 @pytest.fixture(scope="module")
 def prometheus(tmp_path_factory):
-    if not os.access(PROMETHEUS, os.X_OK):
-        pytest.fail(f"{PROMETHEUS} is missing: apt-get install prometheus "
-                    "(scripts/install --dev does)")
     tmp = tmp_path_factory.mktemp("prometheus")
-    port = free_port()
-    proc = start_prometheus(tmp, port)
     try:
-        url = f"http://127.0.0.1:{port}"
-        wait_ready(url, timeout=60)
-        yield url
+        with prometheus_server.serving(tmp, CONFIG) as url:
+            yield url
     finally:
-        proc.terminate()
-        proc.wait(timeout=30)
         shutil.rmtree(tmp, ignore_errors=True)
 
 
@@ -95,16 +66,16 @@ def test_timeout_keeps_the_last_result(prometheus):
 
 
 def test_unreachable_server_is_retried_until_it_answers(tmp_path):
-    if not os.access(PROMETHEUS, os.X_OK):
-        pytest.fail(f"{PROMETHEUS} is missing: apt-get install prometheus")
-    port = free_port()
+    prometheus_server.require()
+    port = prometheus_server.free_port()
     url = f"http://127.0.0.1:{port}"
     with pytest.raises(DetectionTimeout) as down:
         wait_for(url, "vector(1)", timeout=0.5, interval=0.1)
     assert "cannot reach" in str(down.value) and down.value.last_error.retryable
     procs = []
     # start the server only after polling began: the first queries fail to connect
-    timer = threading.Timer(1.0, lambda: procs.append(start_prometheus(tmp_path, port)))
+    timer = threading.Timer(1.0, lambda: procs.append(
+        prometheus_server.launch(tmp_path, CONFIG, port)))
     timer.start()
     try:
         samples, seconds = wait_for(url, "vector(1)", timeout=60, interval=0.2)
