@@ -11,9 +11,9 @@ from tracehound.attribution.kubelet import (
     KubeletPodsSource,
     LogDirPodSource,
     PodRecord,
-    default_pod_source,
     first_of,
     parse_pod_list,
+    pod_source,
 )
 from tracehound.attribution.resolver import WorkloadResolver
 from tracehound.attribution.workload import Workload
@@ -213,7 +213,7 @@ def test_sources_are_combined_and_complete_records_win(tmp_path, kubelet):
     assert combined(TRAINER_UID, FETCH).container_name(FETCH) == "fetch-dataset"  # only the kubelet knows it
     assert combined(TRAINER_UID, PYTORCH).complete is False                       # the log dirs answered
     assert combined(TRAINER_UID, SANDBOX).complete is True
-    assert callable(default_pod_source(url + "/pods"))
+    assert callable(pod_source(kubelet_url=url + "/pods"))
 
 
 def test_pause_process_marks_the_sandbox_when_the_source_cannot(tmp_path):

@@ -13,10 +13,9 @@ because freezer is the one every Slurm job has when cgroups track processes.
 """
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 
-from .procs import proc_cgroups, read_pids, read_text
+from .procs import proc_cgroups, read_pids
 
 SLURM_V1_CONTROLLERS = ("freezer", "cpuset", "memory")
 
@@ -58,9 +57,5 @@ def v1_paths_in_cgroup(cgroup_dir: str, controllers: Sequence[str] = SLURM_V1_CO
 def host_has_v1_hierarchies(proc_root: str = "/proc") -> bool:
     """True when this process sits in at least one v1 hierarchy, i.e. the host
     is hybrid or legacy; a pure v2 host shows only the ``0::`` line."""
-    text = read_text(os.path.join(proc_root, "self", "cgroup")) or ""
-    for line in text.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) == 3 and parts[1]:
-            return True
-    return False
+    # every key but the v2 line's "" names a v1 controller
+    return any(proc_cgroups("self", proc_root))

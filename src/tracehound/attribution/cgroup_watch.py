@@ -29,14 +29,15 @@ _libc = ctypes.CDLL(None, use_errno=True)
 
 
 class CgroupWatcher:
-    """Calls on_create(inode, path) for every cgroup directory that appears
-    below `root` and on_remove(path) for every one that goes, from its own
-    thread; on_overflow() when the kernel dropped events (rescan then)."""
+    """Calls on_create(inode, path) for every cgroup directory below `root`,
+    those there at start() included, and on_remove(path) for every one that
+    goes, from its own thread. Events the kernel dropped (queue overflow)
+    are not replayed: a scrape that meets an unknown id rescans anyway."""
 
     def __init__(self, root: str, on_create: Callable[[int, str], None],
-                 on_remove: Callable[[str], None], on_overflow: Callable[[], None]):
+                 on_remove: Callable[[str], None]):
         self.root = root.rstrip("/") or "/"
-        self.on_create, self.on_remove, self.on_overflow = on_create, on_remove, on_overflow
+        self.on_create, self.on_remove = on_create, on_remove
         self._wd_path: dict[int, str] = {}
         self._wd_of: dict[str, int] = {}
         self._stop = threading.Event()
@@ -47,7 +48,7 @@ class CgroupWatcher:
             raise OSError(ctypes.get_errno(), "inotify_init1 failed")
 
     def start(self) -> CgroupWatcher:
-        self._watch_tree(self.root, report=False)
+        self._watch_tree(self.root)
         self._thread = threading.Thread(target=self._run, name="cgroup-watcher", daemon=True)
         self._thread.start()
         return self
@@ -85,13 +86,12 @@ class CgroupWatcher:
             self._wd_path.pop(wd, None)
             _libc.inotify_rm_watch(self.fd, wd)
 
-    def _watch_tree(self, top: str, report: bool) -> None:
-        """Watch `top` and everything below it; subdirectories may have been
-        made before the watch on their parent existed."""
+    def _watch_tree(self, top: str) -> None:
+        """Watch `top` and everything below it, reporting each directory;
+        subdirectories may have been made before the watch on their parent
+        existed."""
         for dirpath, _dirs, _files in os.walk(top):
-            if not self._add_watch(dirpath):
-                continue
-            if report:
+            if self._add_watch(dirpath):
                 self._created(dirpath)
 
     def _created(self, path: str) -> None:
@@ -124,15 +124,15 @@ class CgroupWatcher:
                 errors="surrogateescape")
             off += EVENT.size + length
             if mask & IN_Q_OVERFLOW:
-                self.on_overflow()
-            elif mask & IN_IGNORED:
+                continue
+            if mask & IN_IGNORED:
                 path = self._wd_path.pop(wd, None)
                 if path is not None and self._wd_of.get(path) == wd:
                     del self._wd_of[path]
             elif mask & IN_ISDIR and wd in self._wd_path:
                 path = os.path.join(self._wd_path[wd], name)
                 if mask & IN_CREATE:
-                    self._watch_tree(path, report=True)
+                    self._watch_tree(path)
                 elif mask & IN_DELETE:
                     self._drop_watch(path)
                     self.on_remove(path[len(self.root):])

@@ -24,18 +24,17 @@ class CgroupResolver:
     def __init__(self, root: str):
         self.root = root.rstrip("/") or "/"
         self._paths: dict[int, str] = {}
-        self._existing: set[int] = set()
         self._ino_of: dict[str, int] = {}
         self._lock = threading.Lock()
         self._watcher: CgroupWatcher | None = None
-        self._may_rescan = False
+        # the first lookup walks the tree, unless watch() has walked it already
+        self._may_rescan = True
         self._alive: dict[int, bool] = {}
-        self._scan()
 
     def watch(self) -> None:
         try:
-            self._watcher = CgroupWatcher(self.root, self._created, self._removed,
-                                          self._overflow).start()
+            self._watcher = CgroupWatcher(self.root, self._created, self._removed).start()
+            self._may_rescan = False
         except OSError as exc:
             log.warning("cgroup names are learnt at scrapes only (inotify: %s)", exc)
 
@@ -47,23 +46,19 @@ class CgroupResolver:
     def _created(self, ino: int, rel: str) -> None:
         with self._lock:
             self._paths[ino] = rel
-            self._existing.add(ino)
             self._ino_of[rel] = ino
 
     def _removed(self, rel: str) -> None:
         with self._lock:
-            ino = self._ino_of.pop(rel, None)
-            self._existing.discard(ino)
-
-    def _overflow(self) -> None:
-        self._may_rescan = True
+            self._ino_of.pop(rel, None)
 
     def retain(self, in_use: Iterable[int]) -> None:
         """Forget the paths of removed cgroups nothing refers to any more:
         memory follows the cgroups that exist, not all that ever did."""
         keep = set(in_use)
         with self._lock:
-            for ino in [i for i in self._paths if i not in keep and i not in self._existing]:
+            keep.update(self._ino_of.values())     # cgroups that exist now
+            for ino in [i for i in self._paths if i not in keep]:
                 del self._paths[ino]
 
     def new_scrape(self) -> None:
@@ -107,7 +102,6 @@ class CgroupResolver:
                 # a rescan knows more than the answers cached before it
                 self._alive.pop(ino, None)
             self._ino_of = found
-            self._existing = set(found.values())
 
     def path(self, cgroup_id: int) -> str:
         """The cgroup's path; ids of removed cgroups keep their last known path

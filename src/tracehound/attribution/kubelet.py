@@ -209,14 +209,6 @@ def first_of(*sources: PodSource) -> PodSource:
     return ask
 
 
-def default_pod_source(kubelet_url: str | None = None, **kubelet_options) -> PodSource:
-    """The node's log directories, then kubelet's /pods when a URL is given."""
-    sources: list = [LogDirPodSource()]
-    if kubelet_url:
-        sources.append(KubeletPodsSource(kubelet_url, **kubelet_options))
-    return first_of(*sources)
-
-
 def pod_source(pods_dir: str = "/var/log/pods", kubelet_url: str | None = None) -> PodSource:
     """The kubelet's pod log directory (and the container log links beside
     it), then kubelet's /pods when a URL is given."""

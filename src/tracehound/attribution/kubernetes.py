@@ -119,8 +119,3 @@ def resolve(path: KubePath, pods: PodSource | None,
         return Workload(kind=KUBERNETES, pod=path.pod_uid, container=container), False
     return Workload(kind=KUBERNETES, namespace=record.namespace, pod=record.name,
                     container=container), final
-
-
-def match(components: Sequence[str], pods: PodSource | None = None) -> Workload | None:
-    parsed = parse(components)
-    return resolve(parsed, pods)[0] if parsed else None

@@ -24,9 +24,9 @@ import time
 from collections.abc import Iterable, Sequence
 from typing import Callable
 
-from . import kubernetes, libvirt, slurm, systemd
+from . import kubelet, kubernetes, libvirt, slurm, systemd
 from .cgroup_v1 import SLURM_V1_CONTROLLERS, host_has_v1_hierarchies, v1_path_of_pid
-from .kubelet import PodSource, default_pod_source
+from .kubelet import PodSource
 from .procs import read_pids, read_text
 from .slurm_jobs import JobIdSource, default_job_id_source
 from .workload import SLURM, UNATTRIBUTED, Workload
@@ -56,7 +56,7 @@ class WorkloadResolver:
         self.job_id_source: JobIdSource | None = (
             default_job_id_source(proc_root) if job_id_source is _DEFAULT else job_id_source)
         self.pod_source: PodSource | None = (
-            default_pod_source() if pod_source is _DEFAULT else pod_source)
+            kubelet.pod_source() if pod_source is _DEFAULT else pod_source)
         self.v1_controllers = tuple(v1_controllers)
         self.recheck_seconds = recheck_seconds
         self.max_pids = max_pids

@@ -106,11 +106,6 @@ def parse(components: Sequence[str]) -> SlurmPath | None:
     return SlurmPath(step=step, task=task, job_dir=job_dir, opaque=True)
 
 
-def match(components: Sequence[str]) -> Workload | None:
-    parsed = parse(components)
-    return parsed.workload() if parsed else None
-
-
 def resolve_opaque(parsed: SlurmPath, cgroup_path: str, cgroup_root: str,
                    source: JobIdSource, max_pids: int = 256) -> tuple[str, str] | None:
     """(job_id, step) for a path below an opaque job directory, from what

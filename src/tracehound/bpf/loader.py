@@ -37,9 +37,10 @@ class Program:
     @property
     def hook(self) -> str:
         """Human name of the attach point, e.g. 'fentry/vfs_read'."""
-        if self._target:
-            return f"{self.section.split('/', 1)[0]}/{self._target}"
-        return self.section
+        return self._hook_for(self._target) if self._target else self.section
+
+    def _hook_for(self, function: str) -> str:
+        return f"{self.section.split('/', 1)[0]}/{function}"
 
     @property
     def autoload(self) -> bool:
@@ -53,10 +54,10 @@ class Program:
         ret = libbpf.lib().bpf_program__set_attach_target(self._ptr, 0, function.encode())
         if ret < 0:
             err = libbpf.errno_of(ret)
-            hook = f"{self.section.split('/', 1)[0]}/{function}"
             why = "no such function in the kernel's BTF" if err == errno_mod.ESRCH else \
                 "cannot retarget"
-            raise ProbeError(self.name, hook, f"{why}: {libbpf.strerror(err)}")
+            raise ProbeError(self.name, self._hook_for(function),
+                             f"{why}: {libbpf.strerror(err)}")
         self._target = function
 
     @property

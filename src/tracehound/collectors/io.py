@@ -61,9 +61,9 @@ class IoSample:
     @property
     def calls(self) -> list[int]:
         calls = list(self.v[_CALLS:_CALLS + len(OPS)])
-        for h, op in enumerate(HISTS):
+        for op, row in zip(HISTS, self.hist):
             # the kernel counts these calls only in their histogram
-            calls[OPS.index(op)] += sum(self.hist[h])
+            calls[OPS.index(op)] += sum(row)
         return calls
 
     @property
@@ -132,8 +132,10 @@ class IoCollector:
         live: dict[tuple[str, str, str], IoSample] = {}
         dead = []
         items = stats.items()
+        seen: set[int] = set()
         for k, v in items:
             cgid, mnt, flags = KEY.unpack(k)
+            seen.add(cgid)
             if not self.cgroups.alive(cgid):
                 dead.append((k, cgid, mnt, flags))
                 continue
@@ -146,7 +148,7 @@ class IoCollector:
                 _sample(retired, self._labels(cgid, mnt, flags)).add(decode_value(v))
             stats.delete(k)
         self.entries = len(items) - len(dead)
-        self.cgroups.retain({KEY.unpack(k)[0] for k, _ in items})
+        self.cgroups.retain(seen)
         for cgid in {d[1] for d in dead}:
             self.workloads.forget(self.cgroups.path(cgid))
             self.cgroups.forget(cgid)

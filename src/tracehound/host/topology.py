@@ -10,7 +10,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from ..attribution.procs import cgroup_v2_path
+from ..attribution.procs import cgroup_v2_path, read_text
 
 _NODE_DIR = re.compile(r"node(\d+)$")
 
@@ -79,11 +79,7 @@ class Topology:
         return os.path.join(self.root, *parts)
 
     def _read(self, *parts: str) -> str | None:
-        try:
-            with open(self._path(*parts)) as f:
-                return f.read()
-        except OSError:
-            return None
+        return read_text(self._path(*parts))
 
     def _read_int(self, *parts: str) -> int | None:
         text = self._read(*parts)
