@@ -21,11 +21,19 @@ from tests.unit.test_top_rates import exposition, io_series
 
 @contextlib.contextmanager
 def serve(answer):
-    """answer(path, query params) -> (status, content type, body bytes)."""
+    """answer(path, query or form params) -> (status, content type, body bytes)."""
     class Handler(http.server.BaseHTTPRequestHandler):
         def do_GET(self):
             url = urllib.parse.urlsplit(self.path)
-            status, ctype, body = answer(url.path, urllib.parse.parse_qs(url.query))
+            self.reply(*answer(url.path, urllib.parse.parse_qs(url.query)))
+
+        def do_POST(self):
+            # the Prometheus client sends the query as a form body
+            form = self.rfile.read(int(self.headers.get("Content-Length", 0))).decode()
+            path = urllib.parse.urlsplit(self.path).path
+            self.reply(*answer(path, urllib.parse.parse_qs(form)))
+
+        def reply(self, status, ctype, body):
             self.send_response(status)
             self.send_header("Content-Type", ctype)
             self.send_header("Content-Length", str(len(body)))

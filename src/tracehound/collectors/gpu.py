@@ -70,7 +70,9 @@ class GpuCollector:
         self.detector = detector or GpuDetector()
         self.driver_version = driver_version
         self.gpus = sorted([*gpus, *lost_at_start], key=lambda g: g.index)
-        self._lost = {g.index for g in lost_at_start}
+        self._by_index = {g.index: g for g in self.gpus}
+        # the bits are constants of the loaded binding, not of a GPU's state
+        self._reasons = nv.clock_event_reasons(nvml)
         self._lock = threading.Lock()           # counters shared with the event thread
         self._scrape_lock = threading.Lock()    # concurrent scrapes would race on detector state
         self._xids: dict[tuple[int | None, int], int] = {}
@@ -149,24 +151,20 @@ class GpuCollector:
             try:
                 samples[gpu.index] = read_sample(self.nvml, gpu)
             except nv.GpuLost:
-                self._lost.add(gpu.index)
                 self.detector.gpu_lost(gpu.labels, True)
                 continue
-            self._lost.discard(gpu.index)
             self.detector.gpu_lost(gpu.labels, False)
         return samples
 
     def _collect(self) -> list:
         samples = self._read_all()
-        reasons = nv.clock_event_reasons(self.nvml)
         wl_cache: dict[int, dict] = {}
-        by_index = {g.index: g for g in self.gpus}
-        fams = [*self._identity_families(), *self._event_families()]
-        fams += _sample_families(samples, by_index, reasons)
-        fams += self._process_families(samples, by_index, wl_cache)
+        fams = [*self._identity_families(samples), *self._event_families()]
+        fams += _sample_families(samples, self._by_index, self._reasons)
+        fams += self._process_families(samples, wl_cache)
         for index, s in samples.items():
-            gpu = by_index[index]
-            active = {label for label, bit in reasons
+            gpu = self._by_index[index]
+            active = {label for label, bit in self._reasons
                       if s.clock_reasons is not None and s.clock_reasons & bit}
             self.detector.observe(gpu.labels, uncorrected_ecc=s.uncorrected_ecc(),
                                   row_remap_failure=s.row_remap_failure, clock_reasons=active,
@@ -174,7 +172,7 @@ class GpuCollector:
         fams.append(self.detector.family())
         return fams
 
-    def _identity_families(self):
+    def _identity_families(self, samples: dict[int, GpuSample]):
         info = InfoMetricFamily("tracehound_gpu", "GPUs NVML enumerates.",
                                 labels=[*GPU_LABELS, "pci_bus_id", "driver_version"])
         lost = GaugeMetricFamily("tracehound_gpu_lost",
@@ -184,9 +182,10 @@ class GpuCollector:
                                  "NUMA node the GPU is attached to (-1: unknown).",
                                  labels=[*GPU_LABELS, "pci_bus_id"])
         for g in self.gpus:
-            lv = [g.labels[k] for k in GPU_LABELS]
+            lv = _lv(g)
             info.add_metric(lv, {"pci_bus_id": g.pci_bus_id, "driver_version": self.driver_version})
-            lost.add_metric([str(g.index), g.uuid], int(g.index in self._lost))
+            # _read_all leaves out exactly the GPUs that answered GpuLost
+            lost.add_metric([str(g.index), g.uuid], int(g.index not in samples))
             numa.add_metric([*lv, g.pci_bus_id], -1 if g.numa_node is None else g.numa_node)
         nic = GaugeMetricFamily("tracehound_nic_numa_node",
                                 "NUMA node of each network / RDMA device (-1: unknown).",
@@ -196,10 +195,8 @@ class GpuCollector:
         return [info, lost, numa, nic]
 
     def _gpu_lv(self, index: int | None) -> list[str]:
-        for g in self.gpus:
-            if g.index == index:
-                return [g.labels[k] for k in GPU_LABELS]
-        return [UNKNOWN_GPU[k] for k in GPU_LABELS]
+        gpu = self._by_index.get(index)
+        return _lv(gpu) if gpu is not None else [UNKNOWN_GPU[k] for k in GPU_LABELS]
 
     def _event_families(self):
         xid = CounterMetricFamily("tracehound_gpu_xid_errors",
@@ -216,10 +213,10 @@ class GpuCollector:
             ev.add_metric([*self._gpu_lv(index), label], n)
         return [xid, ev]
 
-    def _process_families(self, samples, by_index, wl_cache):
+    def _process_families(self, samples, wl_cache):
         rows = []   # (gpu, pid, used bytes, workload labels, misplaced or None)
         for index, s in samples.items():
-            gpu = by_index[index]
+            gpu = self._by_index[index]
             misplaced: dict[int, tuple[dict, dict]] = {}
             for pid, used in sorted(s.processes.items()):
                 wl = self._workload(pid, wl_cache)
@@ -246,13 +243,17 @@ class GpuCollector:
                                 "1 when a GPU process may run or allocate only on NUMA nodes "
                                 "other than its GPU's.", labels=labels)
         for gpu, pid, used, wl, verdict in rows:
-            lv = [*(gpu.labels[k] for k in GPU_LABELS), str(pid), *(wl.get(k, "") for k in keys)]
+            lv = [*_lv(gpu), str(pid), *(wl.get(k, "") for k in keys)]
             info.add_metric(lv, 1)
             if used is not None:
                 used_fam.add_metric(lv, used)
             if verdict is not None:
                 mis.add_metric(lv, int(verdict))
         return [info, used_fam, mis]
+
+
+def _lv(gpu: Gpu) -> list[str]:
+    return [gpu.labels[k] for k in GPU_LABELS]
 
 
 def _sample_families(samples: dict[int, GpuSample], by_index: dict[int, Gpu], reasons):
@@ -283,7 +284,7 @@ def _sample_families(samples: dict[int, GpuSample], by_index: dict[int, Gpu], re
     nvlink = counter("nvlink_errors", "NVLink data-link error counters per link.", "link", "type")
 
     for index, s in sorted(samples.items()):
-        lv = [by_index[index].labels[k] for k in GPU_LABELS]
+        lv = _lv(by_index[index])
         for sensor, c in sorted(s.temperature_c.items()):
             temp.add_metric([*lv, sensor], c)
         if s.power_w is not None:

@@ -8,15 +8,12 @@ the state persists, so a scrape every few seconds does not flood the log.
 """
 from __future__ import annotations
 
-import datetime
-import json
-import logging
 import threading
 from typing import Callable
 
 from prometheus_client.core import CounterMetricFamily
 
-events_log = logging.getLogger("tracehound.events")
+from . import log_event, now_iso
 
 KINDS = ("xid", "ecc_uncorrectable", "row_remap_failure", "thermal_slowdown",
          "power_slowdown", "hw_slowdown", "gpu_lost", "numa_misplaced")
@@ -34,14 +31,6 @@ SLOWDOWN_KIND = {
 Emit = Callable[[dict], None]
 Labels = dict  # {"gpu", "uuid", "model"}
 Process = dict  # {"pid": int, **workload labels}
-
-
-def log_event(event: dict) -> None:
-    events_log.warning(json.dumps(event, sort_keys=True, default=str))
-
-
-def _now() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
 
 
 class GpuDetector:
@@ -70,7 +59,7 @@ class GpuDetector:
     def _fire(self, labels: Labels, kind: str, processes=(), **detail) -> None:
         key = (*self._key(labels), kind)
         self._counts[key] = self._counts.get(key, 0) + 1
-        event = {"time": _now(), "event": "gpu_anomaly", "kind": kind, **labels, **detail}
+        event = {"time": now_iso(), "event": "gpu_anomaly", "kind": kind, **labels, **detail}
         if processes:
             event["processes"] = list(processes)
         self.emit(event)

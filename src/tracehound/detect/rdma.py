@@ -17,8 +17,6 @@ state persists.
 """
 from __future__ import annotations
 
-import datetime
-import json
 import logging
 import threading
 import time
@@ -29,8 +27,8 @@ from dataclasses import dataclass
 from prometheus_client.core import CounterMetricFamily
 
 from ..collectors.rdma import DESTROY_OPS, RdmaSnapshot, errno_name
+from . import log_event, now_iso as _now_iso
 
-events_log = logging.getLogger("tracehound.events")
 log = logging.getLogger(__name__)
 
 KINDS = ("leaked_objects", "destroy_failed", "mirror_mismatch", "error_burst",
@@ -39,14 +37,6 @@ EVENT_KIND = {"PORT_ERR": "port_error", "DEVICE_FATAL": "device_fatal",
               "QP_FATAL": "qp_error", "QP_REQ_ERR": "qp_error", "QP_ACCESS_ERR": "qp_error"}
 
 Emit = Callable[[dict], None]
-
-
-def log_event(event: dict) -> None:
-    events_log.warning(json.dumps(event, sort_keys=True, default=str))
-
-
-def _now_iso() -> str:
-    return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="milliseconds")
 
 
 def pid_alive(pid: int) -> bool:

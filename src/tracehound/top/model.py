@@ -84,6 +84,22 @@ def io_row_for(rows: dict, labels: dict) -> IoRow:
     return row
 
 
+# IoRow attribute <- the counter's current value, or its per-second rate
+TOTALS = (("read_bytes_total", "tracehound_io_read_bytes_total"),
+          ("write_bytes_total", "tracehound_io_write_bytes_total"))
+RATES = (("read_bytes_per_second", "tracehound_io_read_bytes_total"),
+         ("write_bytes_per_second", "tracehound_io_write_bytes_total"),
+         ("read_ops_per_second", "tracehound_io_read_requests_total"),
+         ("write_ops_per_second", "tracehound_io_write_requests_total"))
+
+
+def add_to_rows(rows: dict, attr: str, series: Iterable) -> None:
+    """Adds each (labels, value) to its row's `attr`: the series of one row sum."""
+    for labels, value in series:
+        row = io_row_for(rows, labels)
+        setattr(row, attr, getattr(row, attr) + value)
+
+
 @dataclass
 class RdmaObjectRow:
     cgroup: str

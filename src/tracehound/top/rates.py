@@ -11,7 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from .model import Snapshot, estimate_quantile, io_row_for
+from .model import RATES, TOTALS, Snapshot, add_to_rows, estimate_quantile, io_row_for
 from .panels import gpu_rows, rdma_error_rows, rdma_object_rows
 
 IO_PREFIX = "tracehound_io_"
@@ -128,21 +128,14 @@ def snapshot(prev: Scrape, cur: Scrape, source: str) -> Snapshot:
     if seconds <= 0:
         raise ValueError("the second scrape must be taken after the first")
     rows: dict = {}
-    for labels, d, total in counter_deltas(prev, cur, IO_PREFIX + "read_bytes_total"):
-        row = io_row_for(rows, labels)
-        row.read_bytes_per_second += d / seconds
-        row.read_bytes_total += total
-    for labels, d, total in counter_deltas(prev, cur, IO_PREFIX + "write_bytes_total"):
-        row = io_row_for(rows, labels)
-        row.write_bytes_per_second += d / seconds
-        row.write_bytes_total += total
-    for labels, rate in _rates(prev, cur, IO_PREFIX + "read_requests_total", seconds):
-        io_row_for(rows, labels).read_ops_per_second += rate
-    for labels, rate in _rates(prev, cur, IO_PREFIX + "write_requests_total", seconds):
-        io_row_for(rows, labels).write_ops_per_second += rate
+    # totals first: rows then appear in the order of the bytes series, as
+    # they do from the Prometheus source
+    for attr, name in TOTALS:
+        add_to_rows(rows, attr, cur.values(name))
+    for attr, name in RATES:
+        add_to_rows(rows, attr, _rates(prev, cur, name, seconds))
     for name in sorted(n for n in cur.samples if ERRORS.match(n)):
-        for labels, rate in _rates(prev, cur, name, seconds):
-            io_row_for(rows, labels).errors_per_second += rate
+        add_to_rows(rows, "errors_per_second", _rates(prev, cur, name, seconds))
 
     # per row: op -> {bound: delta}, merged over the row's cgroups
     hists: dict[int, dict[str, dict[float, float]]] = {}

@@ -6,18 +6,17 @@ itself (rate() over --window), so every poll answers.
 """
 from __future__ import annotations
 
-import json
 import math
 import re
 import time
 import urllib.error
-import urllib.parse
 import urllib.request
 from typing import Optional
 
 from ..attribution.workload import WORKLOAD_LABELS
 from ..errors import TracehoundError
-from .model import Snapshot, io_row_for
+from ..fleet import prometheus
+from .model import RATES, TOTALS, Snapshot, add_to_rows, io_row_for
 from .panels import gpu_rows, rdma_error_rows, rdma_object_rows
 from .rates import Scrape, parse_metrics, snapshot
 
@@ -74,13 +73,6 @@ QUANTILES = (("latency_p50_seconds", 0.5, ("read", "write")),
              ("latency_p99_seconds", 0.99, ("read", "write")),
              ("read_latency_p99_seconds", 0.99, ("read",)),
              ("write_latency_p99_seconds", 0.99, ("write",)))
-# row attribute <- the counter's current value, or its rate()
-TOTALS = (("read_bytes_total", "tracehound_io_read_bytes_total"),
-          ("write_bytes_total", "tracehound_io_write_bytes_total"))
-RATES = (("read_bytes_per_second", "tracehound_io_read_bytes_total"),
-         ("write_bytes_per_second", "tracehound_io_write_bytes_total"),
-         ("read_ops_per_second", "tracehound_io_read_requests_total"),
-         ("write_ops_per_second", "tracehound_io_write_requests_total"))
 # operations with an _errors_total counter, as the I/O collector exports them
 ERROR_OPS = ("read", "write", "open", "create", "unlink", "mkdir", "rmdir", "rename", "fsync")
 
@@ -108,17 +100,11 @@ class PrometheusSource:
 
     def query(self, expr: str) -> list:
         """[(labels, value)] of an instant vector; NaN values are kept as NaN."""
-        url = f"{self.base_url}/api/v1/query?" + urllib.parse.urlencode({"query": expr})
         try:
-            doc = json.loads(_get(url, self.timeout))
-        except ValueError:
-            raise SourceError(f"{self.base_url} did not answer Prometheus API JSON") from None
-        if doc.get("status") != "success":
-            raise SourceError(f"query {expr!r} failed: {doc.get('error', doc)}")
-        data = doc.get("data", {})
-        if data.get("resultType") != "vector":
-            raise SourceError(f"query {expr!r} gave a {data.get('resultType')}, not a vector")
-        return [(r.get("metric", {}), float(r["value"][1])) for r in data.get("result", [])]
+            samples = prometheus.query(self.base_url, expr, timeout=self.timeout)
+        except prometheus.PrometheusError as exc:
+            raise SourceError(str(exc)) from None
+        return [(s.labels, s.value) for s in samples]
 
     def _rate(self, name: str, by: str) -> list:
         return self.query(f"sum by ({by}) (rate({self._sel(name)}[{self.window}]))")
@@ -144,16 +130,12 @@ class PrometheusSource:
     def io_rows(self) -> list:
         rows: dict = {}
         for attr, name in TOTALS:
-            for labels, v in self.query(f"sum by ({IO_BY}) ({self._sel(name)})"):
-                row = io_row_for(rows, labels)
-                setattr(row, attr, getattr(row, attr) + v)
+            add_to_rows(rows, attr, self.query(f"sum by ({IO_BY}) ({self._sel(name)})"))
         for attr, name in RATES:
-            for labels, v in self._rate(name, IO_BY):
-                row = io_row_for(rows, labels)
-                setattr(row, attr, getattr(row, attr) + v)
+            add_to_rows(rows, attr, self._rate(name, IO_BY))
         for op in ERROR_OPS:
-            for labels, v in self._rate(f"tracehound_io_{op}_errors_total", IO_BY):
-                io_row_for(rows, labels).errors_per_second += v
+            add_to_rows(rows, "errors_per_second",
+                        self._rate(f"tracehound_io_{op}_errors_total", IO_BY))
         for attr, q, ops in QUANTILES:
             for labels, v in self._quantile(q, ops):
                 if math.isnan(v) or math.isinf(v):

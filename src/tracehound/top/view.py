@@ -72,25 +72,26 @@ def _no_data(what: str) -> Text:
     return Text(f"{what}: no data", style="dim")
 
 
+def _titled_table(title: str, rows: Optional[list], headers: tuple, cells):
+    """None is a source that does not export the metric; [] is one that
+    exports it with nothing to show."""
+    if rows is None:
+        return _no_data(title)
+    if not rows:
+        return Text(f"{title}: none", style="dim")
+    t = Table(*headers, box=box.SIMPLE_HEAD, title=title, title_justify="left")
+    for r in rows:
+        t.add_row(*cells(r))
+    return t
+
+
 def rdma_panel(objects: Optional[list], errors: Optional[list]):
-    parts = []
-    if objects is None:
-        parts.append(_no_data("RDMA objects"))
-    else:
-        t = Table("CGROUP", "DEVICE", "TYPE", "OBJECTS", box=box.SIMPLE_HEAD,
-                  title="RDMA objects", title_justify="left")
-        for r in objects:
-            t.add_row(r.cgroup, r.device, r.type, fmt_count(r.count))
-        parts.append(t if objects else Text("RDMA objects: none", style="dim"))
-    if errors is None:
-        parts.append(_no_data("RDMA verb errors"))
-    else:
-        t = Table("OP", "ERRNO", "ERR/s", "TOTAL", box=box.SIMPLE_HEAD,
-                  title="RDMA verb errors", title_justify="left")
-        for r in errors:
-            t.add_row(r.op, r.errno, fmt_count(r.errors_per_second), fmt_count(r.errors_total))
-        parts.append(t if errors else Text("RDMA verb errors: none", style="dim"))
-    return Group(*parts)
+    return Group(
+        _titled_table("RDMA objects", objects, ("CGROUP", "DEVICE", "TYPE", "OBJECTS"),
+                      lambda r: (r.cgroup, r.device, r.type, fmt_count(r.count))),
+        _titled_table("RDMA verb errors", errors, ("OP", "ERRNO", "ERR/s", "TOTAL"),
+                      lambda r: (r.op, r.errno, fmt_count(r.errors_per_second),
+                                 fmt_count(r.errors_total))))
 
 
 def gpu_panel(gpus: Optional[list]):
