@@ -56,6 +56,27 @@ class RdmaDetectorConfig:
     burst_threshold: int = 1       # errors of one (op, errno) within the window
 
 
+class _Persisting:
+    """A condition per key that is reported once it has lasted the grace
+    period, and not again until it has cleared."""
+
+    def __init__(self):
+        self.since: dict = {}
+        self.reported: set = set()
+
+    def clear(self, key) -> None:
+        self.since.pop(key, None)
+        self.reported.discard(key)
+
+    def due(self, key, now: float, grace: float) -> float | None:
+        """When the condition began, the first time it has lasted `grace`."""
+        since = self.since.setdefault(key, now)
+        if now - since < grace or key in self.reported:
+            return None
+        self.reported.add(key)
+        return since
+
+
 class RdmaDetector:
     def __init__(self, config: RdmaDetectorConfig | None = None, emit: Emit = log_event,
                  alive: Callable[[int], bool] = pid_alive,
@@ -67,14 +88,12 @@ class RdmaDetector:
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(KINDS, 0)
         self._started: float | None = None
-        self._dead_since: dict[int, float] = {}
-        self._leaked: set[int] = set()
+        self._exited = _Persisting()      # owners gone, objects still held (by tgid)
         self._verbs: dict[tuple[str, int], int] = {}
         self._history: dict[tuple[str, int], deque] = {}
         self._bursting: set[tuple[str, int]] = set()
         self._events: dict[tuple[int, int, str], int] = {}
-        self._diverged_since: dict[tuple[int, str], float] = {}
-        self._diverged: set[tuple[int, str]] = set()
+        self._diverged = _Persisting()     # mirror vs kernel, by (device, type)
 
     def counts(self) -> dict[str, int]:
         with self._lock:
@@ -143,18 +162,15 @@ class RdmaDetector:
             if o.user and o.tgid:
                 owners.setdefault(o.tgid, []).append(o)
         with self._lock:
-            for tgid in list(self._dead_since):
+            for tgid in list(self._exited.since):
                 if tgid not in owners:        # everything it held is gone
-                    del self._dead_since[tgid]
-                    self._leaked.discard(tgid)
+                    self._exited.clear(tgid)
             for tgid, objs in owners.items():
                 if self.alive(tgid):
-                    self._dead_since.pop(tgid, None)
-                    self._leaked.discard(tgid)
+                    self._exited.clear(tgid)
                     continue
-                since = self._dead_since.setdefault(tgid, now)
-                if now - since >= self.config.grace_s and tgid not in self._leaked:
-                    self._leaked.add(tgid)
+                since = self._exited.due(tgid, now, self.config.grace_s)
+                if since is not None:
                     by_type: dict[str, int] = {}
                     for o in objs:
                         by_type[o.type] = by_type.get(o.type, 0) + 1
@@ -175,12 +191,10 @@ class RdmaDetector:
             for key in set(before) | set(kernel) | set(after):
                 lo, hi = sorted((before.get(key, 0), after.get(key, 0)))
                 if lo <= kernel.get(key, 0) <= hi:
-                    self._diverged_since.pop(key, None)
-                    self._diverged.discard(key)
+                    self._diverged.clear(key)
                     continue
-                since = self._diverged_since.setdefault(key, now)
-                if now - since >= self.config.grace_s and key not in self._diverged:
-                    self._diverged.add(key)
+                since = self._diverged.due(key, now, self.config.grace_s)
+                if since is not None:
                     dev, kind = key
                     self._fire("mirror_mismatch", fired, device=device_name(dev), type=kind,
                                mirror=after.get(key, 0), kernel=kernel.get(key, 0),
