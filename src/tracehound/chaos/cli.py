@@ -87,9 +87,8 @@ def cmd_run(args) -> int:
     exp, code = _load(args.file)
     if exp is None:
         return code
-    from . import faults as catalog
-    unavailable = [(a, f, catalog.get(f).availability()) for a, f in exp.faults]
-    unavailable = [(a, f, av.reason) for a, f, av in unavailable if not av.ok]
+    unavailable = [(a, f, exp.availability[f].reason) for a, f in exp.faults
+                   if not exp.availability[f].ok]
     for action, fault, reason in unavailable:
         err(f"{args.file}: {action}: {fault} is not available here: {reason}")
     dry = args.dry_run or (exp.destructive and not args.yes)
@@ -144,7 +143,7 @@ def _plan(exp, args, explicit: bool) -> int:
             continue
         fault = catalog.get(p["fault"])
         args_ = fault.with_defaults(p.get("arguments") or {})
-        avail = fault.availability()
+        avail = exp.availability[p["fault"]]
         out(f"     fault {fault.name}{' [destructive]' if fault.destructive else ''}: "
             + ("available" if avail.ok else "NOT available") + (f" ({avail.reason})"
                                                                if avail.reason else ""))

@@ -10,8 +10,9 @@ from __future__ import annotations
 import os
 import re
 
-REF = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_.-]*)\}")
-WHOLE = re.compile(r"^\$\{([A-Za-z_][A-Za-z0-9_.-]*)\}$")
+NAME = r"[A-Za-z_][A-Za-z0-9_.-]*"
+REF = re.compile(rf"\$\{{({NAME})\}}")
+WHOLE = re.compile(rf"^\$\{{({NAME})\}}$")
 
 
 def check(block) -> list[tuple[str, str]]:
@@ -21,7 +22,7 @@ def check(block) -> list[tuple[str, str]]:
         return [("", "configuration must be a mapping of names to values")]
     problems = []
     for key, value in block.items():
-        if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_.-]*", key):
+        if not re.fullmatch(NAME, key):
             problems.append((key, f"configuration name {key!r} must be a word "
                                   "(letters, digits, _ . -)"))
         if isinstance(value, dict):

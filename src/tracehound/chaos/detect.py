@@ -17,6 +17,7 @@ import time
 
 from . import metrics
 from .faults import Detection
+from .tolerance import is_number
 
 SOURCES = ("agent", "events", "prometheus", "process")
 SIGNALS = ("value", "increase", "rate", "mean")
@@ -39,10 +40,6 @@ def compare(value: float, predicate: tuple[str, float]) -> bool:
     op, ref = predicate
     return {"==": value == ref, "!=": value != ref, ">": value > ref, "<": value < ref,
             ">=": value >= ref, "<=": value <= ref}[op]
-
-
-def _seconds(v, low: float, high: float) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool) and low <= v <= high
 
 
 def check_spec(spec: dict, query: bool = False) -> list[tuple[str, str]]:
@@ -99,7 +96,7 @@ def check_spec(spec: dict, query: bool = False) -> list[tuple[str, str]]:
         add("signal", "mean reads a histogram from the agent")
     for key, low, high in (("window", 0.05, 3600), ("timeout", 0.1, 3600),
                            ("interval", 0.05, 60)):
-        if key in spec and not _seconds(spec[key], low, high):
+        if key in spec and not (is_number(spec[key]) and low <= spec[key] <= high):
             add(key, f"{key} must be a number of seconds between {low} and {high}")
     if "predicate" in spec:
         try:
@@ -159,14 +156,14 @@ class SignalWindow:
     def add(self, t: float, point) -> float | None:
         if point is None:
             return None
-        if self.base is None and self.signal == "increase" and not self.points:
-            self.base = point
-        self.points.append((t, point))
         if self.signal == "value":
             return point
         if self.signal == "increase":
-            base = self.base if self.base is not None else 0.0
-            return point - base
+            if self.base is None:
+                self.base = point
+            return point - self.base
+        # Only rate and mean look back, so only they keep a history.
+        self.points.append((t, point))
         old = None
         for pt, pv in self.points:
             if t - pt >= self.window:

@@ -37,7 +37,6 @@ class Journal:
     def __init__(self, directory: str, run_id: str, title: str, source: str):
         os.makedirs(directory, mode=0o700, exist_ok=True)
         self.path = os.path.join(directory, f"{run_id}.jsonl")
-        self.run_id = run_id
         self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         _fsync_dir(directory)
@@ -49,7 +48,6 @@ class Journal:
         """Append to a dead run's file (recovery), under the lock it holds."""
         self = cls.__new__(cls)
         self.path, self._fd = path, fd
-        self.run_id = os.path.basename(path)[:-len(".jsonl")]
         return self
 
     def write(self, record: dict) -> None:
@@ -89,9 +87,6 @@ class PendingFault:
     fault: str
     state: dict
     targets: list[str]
-
-    def full_state(self) -> dict:
-        return self.state
 
 
 @dataclass

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import re
-import urllib.parse
 import urllib.request
 from dataclasses import dataclass
 

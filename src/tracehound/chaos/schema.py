@@ -49,12 +49,13 @@ class Problem:
 class Experiment:
     title: str
     description: str
-    configuration: dict
     hypothesis: dict | None
     method: list
     rollbacks: list
     faults: list = field(default_factory=list)     # (action name, fault name)
     notes: list = field(default_factory=list)
+    # Probed once while validating: some checks shell out or load modules.
+    availability: dict[str, catalog.Availability] = field(default_factory=dict)
 
     @property
     def destructive(self) -> bool:
@@ -64,10 +65,6 @@ class Experiment:
 def _suggest(word: str, choices) -> str:
     close = difflib.get_close_matches(word, list(choices), n=1)
     return f" (did you mean '{close[0]}'?)" if close else ""
-
-
-def _number(x) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
 
 
 class Checker:
@@ -125,10 +122,12 @@ class Checker:
                                 for a in acts]
         if hypothesis:
             hypothesis["probes"] = resolve(hypothesis["probes"])
-        exp = Experiment(data["title"], data["description"], self.config, hypothesis,
+        exp = Experiment(data["title"], data["description"], hypothesis,
                          resolve(method), resolve(rollbacks), self.faults)
         for _, name in self.faults:
-            avail = catalog.get(name).availability()
+            if name not in exp.availability:
+                exp.availability[name] = catalog.get(name).availability()
+            avail = exp.availability[name]
             if not avail.ok:
                 exp.notes.append(f"{name} is not available on this host: {avail.reason}")
         return exp
@@ -223,7 +222,7 @@ class Checker:
         self._keys(pauses, path, ("before", "after"), "pauses")
         for key in ("before", "after"):
             v = pauses.get(key)
-            if v is not None and (not _number(v) or not 0 <= v <= MAX_PAUSE):
+            if v is not None and (not tolerance.is_number(v) or not 0 <= v <= MAX_PAUSE):
                 self.add(child_path(path, key), f"pause must be a number of seconds between "
                          f"0 and {MAX_PAUSE}, not {v!r}")
 
@@ -231,9 +230,9 @@ class Checker:
         if value is None:
             return
         if pair and isinstance(value, list) and len(value) == 2 and all(
-                _number(x) and x > 0 for x in value):
+                tolerance.is_number(x) and x > 0 for x in value):
             return
-        if not _number(value) or value <= 0:
+        if not tolerance.is_number(value) or value <= 0:
             self.add(path, "timeout must be a positive number of seconds"
                      + (" (or [connect, read])" if pair else ""))
 

@@ -15,18 +15,19 @@ from . import jsonpath
 TOLERANCE_TYPES = ("regex", "jsonpath", "range", "probe")
 
 
-def _is_number(x) -> bool:
+def is_number(x) -> bool:
+    """A number, not a bool (which Python counts as an int)."""
     return isinstance(x, numbers.Number) and not isinstance(x, bool)
 
 
 def check(tol) -> list[tuple[str, str]]:
     """(sub-path, problem) for a tolerance that cannot be evaluated."""
-    if isinstance(tol, (bool, str)) or _is_number(tol):
+    if isinstance(tol, (bool, str)) or is_number(tol):
         return []
     if isinstance(tol, list):
         if not tol:
             return [("", "an empty list accepts nothing")]
-        if len(tol) == 2 and all(_is_number(x) for x in tol) and tol[0] > tol[1]:
+        if len(tol) == 2 and all(is_number(x) for x in tol) and tol[0] > tol[1]:
             return [("", f"range [{tol[0]}, {tol[1]}] has its low bound above its high bound")]
         if any(isinstance(x, (dict, list)) for x in tol):
             return [("", "a list tolerance holds plain values only")]
@@ -62,7 +63,7 @@ def check(tol) -> list[tuple[str, str]]:
             problems.append(("count", "count must be a whole number >= 0"))
     elif kind == "range":
         rng = tol.get("range")
-        if not (isinstance(rng, list) and len(rng) == 2 and all(_is_number(x) for x in rng)):
+        if not (isinstance(rng, list) and len(rng) == 2 and all(is_number(x) for x in rng)):
             problems.append(("range", "range must be a list of two numbers [low, high]"))
         elif rng[0] > rng[1]:
             problems.append(("range", f"low bound {rng[0]} is above high bound {rng[1]}"))
@@ -83,17 +84,17 @@ def within(tol, value, run_probe=None) -> bool:
         if isinstance(value, dict) and "detected" in value:
             return value["detected"] is tol
         return value is tol or value == tol and isinstance(value, bool)
-    if _is_number(tol):
+    if is_number(tol):
         if isinstance(value, dict) and "status" in value:
             return value["status"] == tol
-        return _is_number(value) and value == tol
+        return is_number(value) and value == tol
     if isinstance(tol, str):
         return value == tol
     if isinstance(tol, list):
         if isinstance(value, dict) and "status" in value:
             return value["status"] in tol
-        if len(tol) == 2 and all(_is_number(x) for x in tol):
-            return _is_number(value) and tol[0] <= value <= tol[1]
+        if len(tol) == 2 and all(is_number(x) for x in tol):
+            return is_number(value) and tol[0] <= value <= tol[1]
         return value in tol
     kind = tol["type"]
     if kind == "probe":

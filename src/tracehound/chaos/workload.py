@@ -11,7 +11,8 @@ import subprocess
 import sys
 import time
 
-from .faults.targets import cgroup2_root, check_cgroup_path
+from ..attribution.procs import read_pids
+from .faults.targets import cgroup2_root, cgroup_procs, check_cgroup_path
 
 
 def _cgroup_path(cgroup: str) -> str:
@@ -40,8 +41,7 @@ def start_writer(cgroup: str, directory: str, block_size: int = 262144, direct: 
     subprocess.run(["sh", "-c", '"$@" </dev/null >/dev/null 2>&1 &', "sh", *argv], check=True)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
-        with open(procs) as f:
-            pids = [int(x) for x in f.read().split()]
+        pids = cgroup_procs(path)
         if pids:
             return {"pid": pids[0], "cgroup": cgroup}
         time.sleep(0.02)
@@ -60,12 +60,9 @@ def stop_workload(cgroup: str, directory: str | None = None) -> dict:
     path = _cgroup_path(cgroup)
     killed = []
     for _ in range(100):
-        try:
-            with open(os.path.join(path, "cgroup.procs")) as f:
-                pids = [int(x) for x in f.read().split()]
-        except FileNotFoundError:
-            break
+        pids = read_pids(path)
         if not pids:
+            # Also the way out once the cgroup is gone: rmdir finds nothing.
             try:
                 os.rmdir(path)
             except FileNotFoundError:

@@ -15,22 +15,20 @@ import os
 
 from . import FaultError
 
+SUBTREE_CONTROL = "cgroup.subtree_control"
+
+
+def _names(directory: str, filename: str) -> set[str]:
+    try:
+        with open(os.path.join(directory, filename)) as f:
+            return set(f.read().split())
+    except OSError:
+        return set()
+
 
 def controllers(directory: str) -> set[str]:
     """Controllers available to children of this cgroup."""
-    try:
-        with open(os.path.join(directory, "cgroup.controllers")) as f:
-            return set(f.read().split())
-    except OSError:
-        return set()
-
-
-def subtree_control(directory: str) -> set[str]:
-    try:
-        with open(os.path.join(directory, "cgroup.subtree_control")) as f:
-            return set(f.read().split())
-    except OSError:
-        return set()
+    return _names(directory, "cgroup.controllers")
 
 
 def ancestors_to_enable(root: str, target: str, controller: str) -> list[str]:
@@ -47,12 +45,12 @@ def ancestors_to_enable(root: str, target: str, controller: str) -> list[str]:
     chain = [root]
     for part in rel.split(os.sep)[:-1] if rel != "." else []:
         chain.append(os.path.join(chain[-1], part))
-    return [d for d in chain if controller not in subtree_control(d)]
+    return [d for d in chain if controller not in _names(d, SUBTREE_CONTROL)]
 
 
 def enable(directories: list[str], controller: str) -> None:
     for d in directories:
-        _write(os.path.join(d, "cgroup.subtree_control"), f"+{controller}")
+        write_line(os.path.join(d, SUBTREE_CONTROL), f"+{controller}")
 
 
 def disable(directories: list[str], controller: str) -> list[str]:
@@ -60,10 +58,10 @@ def disable(directories: list[str], controller: str) -> list[str]:
     could not be cleared (a child enabled it meanwhile)."""
     failed = []
     for d in reversed(directories):
-        if not os.path.isdir(d) or controller not in subtree_control(d):
+        if not os.path.isdir(d) or controller not in _names(d, SUBTREE_CONTROL):
             continue
         try:
-            _write(os.path.join(d, "cgroup.subtree_control"), f"-{controller}")
+            write_line(os.path.join(d, SUBTREE_CONTROL), f"-{controller}")
         except FaultError as exc:
             failed.append(str(exc))
     return failed
@@ -81,11 +79,19 @@ def read_keyed(path: str) -> dict[str, str]:
     return {ln.split()[0]: ln for ln in lines}
 
 
-def write_line(path: str, line: str) -> None:
-    _write(path, line)
+def restore_keyed(path: str, key: str, previous: str | None, unlimited: str,
+                  enabled: list[str], controller: str) -> None:
+    """Undo a keyed write: put back the line the key had (or the unlimited
+    line, which makes the kernel drop it), then clear the controller where
+    it was enabled for the write."""
+    if os.path.exists(path) and read_keyed(path).get(key) != previous:
+        write_line(path, previous or unlimited)
+    failed = disable(enabled, controller)
+    if failed:
+        raise FaultError("; ".join(failed))
 
 
-def _write(path: str, text: str) -> None:
+def write_line(path: str, text: str) -> None:
     try:
         with open(path, "w") as f:
             f.write(text)

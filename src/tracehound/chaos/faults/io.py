@@ -9,8 +9,10 @@ import stat
 import subprocess
 import time
 
+from ...attribution.procs import proc_cgroups, read_pids
 from . import Arg, Availability, Detection, Fault, FaultError, Prepared, cgroupctl
-from .targets import cgroup2_root, cgroup_dir, check_cgroup_path, run_cmd, same_process
+from .targets import (cgroup2_root, cgroup_dir, cgroup_procs, check_cgroup_path, proc_of,
+                      run_cmd, same_process)
 
 THROTTLE_KEYS = ("rbps", "wbps", "riops", "wiops")
 V1_FILES = {"rbps": "blkio.throttle.read_bps_device", "wbps": "blkio.throttle.write_bps_device",
@@ -47,18 +49,6 @@ def _blkio_root() -> str | None:
         if m.fstype == "cgroup" and os.path.exists(os.path.join(m.mountpoint, V1_FILES["wbps"])):
             return m.mountpoint
     return None
-
-
-def _blkio_path_of(pid: int) -> str:
-    try:
-        with open(f"/proc/{pid}/cgroup") as f:
-            for line in f:
-                _, ctrls, path = line.rstrip("\n").split(":", 2)
-                if "blkio" in ctrls.split(","):
-                    return path
-    except OSError:
-        pass
-    return "/"
 
 
 class IoThrottle(Fault):
@@ -111,12 +101,11 @@ class IoThrottle(Fault):
         blkio = _blkio_root()
         if blkio is None:
             raise FaultError("cgroup v1 blkio is not mounted and v2 has no io controller")
-        from .targets import cgroup_procs, proc_of
         moved = {}
         for pid in cgroup_procs(directory):
             p = proc_of(pid)
             if p is not None:
-                moved[str(pid)] = [p.start, _blkio_path_of(pid)]
+                moved[str(pid)] = [p.start, proc_cgroups(pid).get("blkio", "/")]
         if not moved:
             raise FaultError(f"cgroup {args['cgroup']} has no processes to throttle (v1 "
                              "blkio throttles the processes present when it is applied)")
@@ -147,14 +136,9 @@ class IoThrottle(Fault):
     def rollback(self, state):
         dev = state["device"]
         if state["mode"] == "v2":
-            path = os.path.join(state["dir"], "io.max")
-            if os.path.exists(path):
-                restore = state["previous"] or f"{dev} rbps=max wbps=max riops=max wiops=max"
-                if cgroupctl.read_keyed(path).get(dev) != state["previous"]:
-                    cgroupctl.write_line(path, restore)
-            failed = cgroupctl.disable(state["enable"], "io")
-            if failed:
-                raise FaultError("; ".join(failed))
+            cgroupctl.restore_keyed(os.path.join(state["dir"], "io.max"), dev, state["previous"],
+                                    f"{dev} rbps=max wbps=max riops=max wiops=max",
+                                    state["enable"], "io")
             return None
         return _rollback_v1(state)
 
@@ -173,7 +157,7 @@ def _rollback_v1(state: dict) -> str | None:
     if os.path.isdir(directory):
         fallback = next(iter(state["moved"].values()), [0, "/"])[1]
         for _ in range(50):
-            pids = _procs_in(directory)
+            pids = read_pids(directory)
             if not pids:
                 break
             for pid in pids:
@@ -193,14 +177,6 @@ def _rollback_v1(state: dict) -> str | None:
         except OSError:
             pass  # another run's throttle still lives there
     return None
-
-
-def _procs_in(directory: str) -> list[int]:
-    try:
-        with open(os.path.join(directory, "cgroup.procs")) as f:
-            return [int(x) for x in f.read().split()]
-    except OSError:
-        return []
 
 
 def _rmdir(directory: str) -> None:

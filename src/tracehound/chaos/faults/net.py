@@ -15,6 +15,8 @@ from . import Arg, Availability, Detection, Fault, FaultError, Prepared
 from .targets import netns_prefix, run_cmd
 
 BPF_PRIORITY_BASE = 49100
+# Rollback finds the filter by priority alone, so one fixed handle serves.
+BPF_HANDLE = 1
 _live: dict[str, object] = {}      # fault id -> loaded NetfaultProgram, while applied
 _counters: dict[str, dict] = {}
 
@@ -121,7 +123,7 @@ class NetFault(Fault):
         priority = next(p for p in range(BPF_PRIORITY_BASE, BPF_PRIORITY_BASE + 1000)
                         if p not in used)
         qdiscs = _tc_json(netns, "qdisc", "show", "dev", ifname)
-        state.update(direction=direction, priority=priority, handle=1,
+        state.update(direction=direction, priority=priority,
                      clsact_existed=any(q.get("kind") == "clsact" for q in qdiscs))
         return Prepared([f"{where} {direction}"], state)
 
@@ -138,7 +140,7 @@ class NetFault(Fault):
             pct = state["percent"]
             prog.configure(pct if self.kind == "loss" else 0, pct if self.kind == "corrupt" else 0)
             prog.attach(state["netns"], state["interface"], state["direction"],
-                        state["priority"], state["handle"])
+                        state["priority"], BPF_HANDLE)
         except BaseException:
             prog.close()
             raise

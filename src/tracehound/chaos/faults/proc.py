@@ -10,8 +10,8 @@ import time
 
 from ...attribution.procs import cgroup_v2_path
 from . import Arg, Availability, Detection, Fault, FaultError, Prepared, target_args
-from .targets import (cgroup_dir, check_cgroup_path, check_target_args, enforce_blast_radius,
-                      resolve_processes, same_process)
+from .targets import (all_pids, cgroup_dir, check_cgroup_path, check_target_args,
+                      enforce_blast_radius, resolve_processes, same_process)
 
 MARKER = "TRACEHOUND_CHAOS_FAULT"
 SIGNALS = ("KILL", "TERM", "INT", "HUP", "QUIT", "ABRT", "SEGV", "USR1", "USR2")
@@ -181,13 +181,11 @@ def marked_pids(marker: str) -> list[int]:
     stressor and every worker it forked, found even after a crash."""
     needle = f"{MARKER}={marker}".encode()
     out = []
-    for d in os.listdir("/proc"):
-        if not d.isdigit():
-            continue
+    for pid in all_pids():
         try:
-            with open(f"/proc/{d}/environ", "rb") as f:
+            with open(f"/proc/{pid}/environ", "rb") as f:
                 if needle in f.read().split(b"\0"):
-                    out.append(int(d))
+                    out.append(pid)
         except OSError:
             continue
     return out
@@ -208,8 +206,9 @@ def _kill_marked(marker: str, child: int | None) -> None:
         while time.monotonic() < deadline and marked_pids(marker):
             _reap(child)
             time.sleep(0.05)
-    if marked_pids(marker):
-        raise FaultError(f"stressor processes {marked_pids(marker)} survive SIGKILL")
+    survivors = marked_pids(marker)
+    if survivors:
+        raise FaultError(f"stressor processes {survivors} survive SIGKILL")
 
 
 def _reap(child: int | None) -> None:

@@ -141,15 +141,9 @@ class RdmaCgroup(Fault):
         return None
 
     def rollback(self, state):
-        path = os.path.join(state["dir"], "rdma.max")
-        if os.path.exists(path):
-            current = cgroupctl.read_keyed(path).get(state["device"])
-            if current != state["previous"]:
-                cgroupctl.write_line(path, state["previous"] or
-                                     f"{state['device']} hca_handle=max hca_object=max")
-        failed = cgroupctl.disable(state["enable"], "rdma")
-        if failed:
-            raise FaultError("; ".join(failed))
+        dev = state["device"]
+        cgroupctl.restore_keyed(os.path.join(state["dir"], "rdma.max"), dev, state["previous"],
+                                f"{dev} hca_handle=max hca_object=max", state["enable"], "rdma")
         return None
 
     def detection(self, args, state=None):

@@ -51,13 +51,8 @@ def proc_of(pid: int) -> Proc | None:
 
 
 def same_process(pid: int, start: int) -> bool:
-    p = proc_of(pid)
-    return p is not None and p.start == start and proc_state(pid) != "Z"
-
-
-def _is_kernel_thread(pid: int) -> bool:
     fields = _stat_fields(pid)
-    return bool(fields) and int(fields[8]) & PF_KTHREAD != 0
+    return fields is not None and int(fields[21]) == start and fields[2] != "Z"
 
 
 def _protected() -> set[int]:
@@ -74,7 +69,7 @@ def _protected() -> set[int]:
     return out
 
 
-def _all_pids() -> list[int]:
+def all_pids() -> list[int]:
     return sorted(int(d) for d in os.listdir("/proc") if d.isdigit())
 
 
@@ -113,16 +108,17 @@ def resolve_processes(args: dict) -> list[Proc]:
                              "and its parents)")
     elif args.get("name") is not None:
         rx = re.compile(args["name"])
-        pids = [p for p in _all_pids() if _name_matches(p, rx)]
+        pids = [p for p in all_pids() if _name_matches(p, rx)]
     else:
         pids = cgroup_procs(cgroup_dir(args["cgroup"]))
     out = []
     for pid in pids:
-        if pid in protected or _is_kernel_thread(pid):
+        if pid in protected:
             continue
-        p = proc_of(pid)
-        if p is not None and proc_state(pid) != "Z":
-            out.append(p)
+        fields = _stat_fields(pid)
+        if fields is None or int(fields[8]) & PF_KTHREAD or fields[2] == "Z":
+            continue
+        out.append(Proc(pid, int(fields[21]), fields[1]))
     if not out:
         raise FaultError(f"no process matches {describe_target(args)}")
     return out
