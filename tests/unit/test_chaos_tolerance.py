@@ -91,6 +91,8 @@ def test_bad_tolerances(tol, fragment):
     ("$.a[?(@.ok)].id", {"a": [{"id": 1, "ok": True}, {"id": 2}]}, [1]),
     ("$.a[?(@.s == 'x')].id", {"a": [{"id": 1, "s": "x"}, {"id": 2, "s": "y"}]}, [1]),
     ("$.a[?(@.n >= 2)].n", {"a": [{"n": 1}, {"n": 2}, {"n": "z"}]}, [2]),
+    # a string is unequal to a number; only an order between them is undefined
+    ("$.a[?(@.n != 2)].n", {"a": [{"n": 1}, {"n": 2}, {"n": "z"}]}, [1, "z"]),
     ("$.a[5]", {"a": [1]}, []),
 ])
 def test_jsonpath(path, doc, found):

@@ -16,6 +16,7 @@ import subprocess
 import time
 
 from . import metrics
+from .jsonpath import COMPARISONS
 from .faults import Detection
 from .tolerance import is_number
 
@@ -38,8 +39,7 @@ def parse_predicate(text) -> tuple[str, float]:
 
 def compare(value: float, predicate: tuple[str, float]) -> bool:
     op, ref = predicate
-    return {"==": value == ref, "!=": value != ref, ">": value > ref, "<": value < ref,
-            ">=": value >= ref, "<=": value <= ref}[op]
+    return COMPARISONS[op](value, ref)
 
 
 def check_spec(spec: dict, query: bool = False) -> list[tuple[str, str]]:

@@ -3,7 +3,12 @@
 from __future__ import annotations
 
 import json
+import operator
 import re
+
+# comparison operators of filters and detection predicates
+COMPARISONS = {"==": operator.eq, "!=": operator.ne, ">": operator.gt, "<": operator.lt,
+               ">=": operator.ge, "<=": operator.le}
 
 _FILTER = re.compile(r"\?\(\s*@((?:\.[A-Za-z_][\w-]*)*)\s*(?:(==|!=|>=|<=|>|<)\s*(.+?))?\s*\)")
 _NAME = re.compile(r"[A-Za-z_$][\w$-]*")
@@ -155,8 +160,6 @@ def _keep(item, fields: list[str], op: str | None, literal) -> bool:
     if op is None:
         return True
     try:
-        return {"==": value == literal, "!=": value != literal,
-                ">": value > literal, "<": value < literal,
-                ">=": value >= literal, "<=": value <= literal}[op]
-    except TypeError:
+        return COMPARISONS[op](value, literal)
+    except TypeError:       # an order between a string and a number
         return False
