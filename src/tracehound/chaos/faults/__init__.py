@@ -77,6 +77,23 @@ def target_args(default_max: int = 1) -> dict[str, Arg]:
     }
 
 
+def interface_args(interface_help: str) -> dict[str, Arg]:
+    """Arguments shared by faults aimed at a network interface."""
+    return {
+        "interface": Arg(str, interface_help, required=True),
+        "netns": Arg(str, "named network namespace (ip netns) holding the interface"),
+        "allow_host_netns": Arg(bool, "allow an interface of the host's own namespace "
+                                      "(it may cut this machine off)", default=False),
+    }
+
+
+def refuse_host_netns(args: dict, doing: str) -> None:
+    """An interface of the host's own namespace only when asked for by name."""
+    if not args.get("netns") and not args.get("allow_host_netns"):
+        raise FaultError(f"refusing to {doing} in the host's own network namespace: "
+                         "give netns, or set allow_host_netns: true")
+
+
 class Fault:
     name = ""
     summary = ""

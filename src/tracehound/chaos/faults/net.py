@@ -11,7 +11,8 @@ import json
 import os
 import platform
 
-from . import Arg, Availability, Detection, Fault, FaultError, Prepared
+from . import (Arg, Availability, Detection, Fault, FaultError, Prepared, interface_args,
+               refuse_host_netns)
 from .targets import netns_prefix, run_cmd
 
 BPF_PRIORITY_BASE = 49100
@@ -56,10 +57,7 @@ def _link_exists(netns: str | None, ifname: str) -> bool:
 
 def _net_args(extra: dict) -> dict:
     return {
-        "interface": Arg(str, "network interface", required=True),
-        "netns": Arg(str, "named network namespace (ip netns) holding the interface"),
-        "allow_host_netns": Arg(bool, "allow an interface of the host's own namespace "
-                                      "(it may cut this machine off)", default=False),
+        **interface_args("network interface"),
         "method": Arg(str, "netem qdisc, tc BPF classifier, or auto (netem if the kernel "
                            "has it)", default="auto", choices=("auto", "netem", "bpf")),
         **extra,
@@ -99,9 +97,7 @@ class NetFault(Fault):
 
     def prepare(self, args, fault_id):
         netns, ifname = args.get("netns"), args["interface"]
-        if not netns and not args.get("allow_host_netns"):
-            raise FaultError(f"refusing to degrade {ifname} in the host's own network "
-                             "namespace: give netns, or set allow_host_netns: true")
+        refuse_host_netns(args, f"degrade {ifname}")
         if not _link_exists(netns, ifname):
             raise FaultError(f"no interface {ifname}"
                              + (f" in network namespace {netns}" if netns else ""))

@@ -10,7 +10,8 @@ import json
 import os
 import resource
 
-from . import Arg, Availability, Detection, Fault, FaultError, Prepared, cgroupctl, target_args
+from . import (Arg, Availability, Detection, Fault, FaultError, Prepared, cgroupctl,
+               interface_args, refuse_host_netns, target_args)
 from .targets import (cgroup2_root, cgroup_dir, check_cgroup_path, check_target_args,
                       enforce_blast_radius, netns_prefix, resolve_processes, run_cmd,
                       same_process)
@@ -163,22 +164,14 @@ class RdmaLinkDown(Fault):
     name = "rdma.link_down"
     summary = "take the network interface under an RDMA port down (port error events)"
     where = "vm"
-    args = {
-        "interface": Arg(str, "netdev of the RDMA port (e.g. the veth under rxe0)",
-                         required=True),
-        "netns": Arg(str, "named network namespace (ip netns) holding the interface"),
-        "allow_host_netns": Arg(bool, "allow an interface of the host's own namespace",
-                                default=False),
-    }
+    args = interface_args("netdev of the RDMA port (e.g. the veth under rxe0)")
 
     def availability(self):
         return _rdma_availability()
 
     def prepare(self, args, fault_id):
         netns, ifname = args.get("netns"), args["interface"]
-        if not netns and not args.get("allow_host_netns"):
-            raise FaultError(f"refusing to take {ifname} down in the host's own network "
-                             "namespace: give netns, or set allow_host_netns: true")
+        refuse_host_netns(args, f"take {ifname} down")
         was_up = link_is_up(netns, ifname)
         notes = [] if was_up else [f"{ifname} is already down"]
         where = ifname + (f" (netns {netns})" if netns else "")
