@@ -105,5 +105,9 @@ def test_kernel_functions_reads_kallsyms(tmp_path, monkeypatch):
     real_open = open
     monkeypatch.setattr("builtins.open",
                         lambda p, *a, **k: real_open(fake if p == "/proc/kallsyms" else p, *a, **k))
-    assert probe_mod.kernel_functions(["rdma_restrack_commit_del", "rdma_restrack_add"]) == \
-        {"rdma_restrack_commit_del"}
+    features._kernel_symbols.cache_clear()   # read the fake, and leave no fake behind
+    try:
+        assert probe_mod.kernel_functions(["rdma_restrack_commit_del", "rdma_restrack_add"]) == \
+            {"rdma_restrack_commit_del"}
+    finally:
+        features._kernel_symbols.cache_clear()

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import errno as errno_mod
 import struct
-import time
 from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -93,7 +92,6 @@ class RdmaSnapshot:
     qp_states: dict[str, int] = field(default_factory=dict)
     health: dict[str, int] = field(default_factory=dict)
     devices: dict[int, str] = field(default_factory=dict)
-    taken: float = 0.0   # time.monotonic()
 
     def device_name(self, dev: int) -> str:
         return self.devices.get(dev) or f"dev{dev}"
@@ -113,7 +111,7 @@ class RdmaSnapshot:
 
 def read_snapshot(maps, objects: bool = True) -> RdmaSnapshot:
     """`maps`: name -> map with items() (and lookup() for arrays)."""
-    snap = RdmaSnapshot(taken=time.monotonic())
+    snap = RdmaSnapshot()
     if objects:
         snap.objects = [decode_object(k, v) for k, v in maps["rdma_objects"].items()]
     for k, v in maps["rdma_verbs"].items():
@@ -153,12 +151,19 @@ class RdmaCollector:
             "Live RDMA objects in the kernel's resource tracker, mirrored in BPF "
             f"(cgroup '{KERNEL_OWNER}': owned by a kernel module).",
             labels=["device", "type", "cgroup", *WORKLOAD_LABELS])
-        counts: dict[tuple[str, ...], int] = {}
+        # Objects far outnumber owners: labels are resolved once per owner,
+        # in the order the objects first name them.
+        per_owner: dict[tuple[int, str, bool, int], tuple[MirrorObject, int]] = {}
         for o in snap.objects:
+            owner_key = (o.device, o.type, o.user, o.cgroup_id if o.user else 0)
+            first, n = per_owner.get(owner_key, (o, 0))
+            per_owner[owner_key] = (first, n + 1)
+        counts: dict[tuple[str, ...], int] = {}
+        for o, n in per_owner.values():
             owner = self.owner_label(o)
             workload = self.workloads.labels(owner) if o.user else ("",) * len(WORKLOAD_LABELS)
             key = (snap.device_name(o.device), o.type, owner, *workload)
-            counts[key] = counts.get(key, 0) + 1
+            counts[key] = counts.get(key, 0) + n
         for labels, n in sorted(counts.items()):
             objects.add_metric(list(labels), n)
         yield objects

@@ -80,7 +80,7 @@ def process_view(pid: int | None = None) -> ProcessView:
 
     notes = []
     try:
-        kernel = kernel_view.objects(pid=pid)
+        kernel = kernel_view.objects()   # build_view keeps the rows of `pid`
         devices = kernel_view.devices()
     except kernel_view.RdmaToolError as exc:
         kernel, devices = [], {}

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from ..attribution.procs import cgroup_v2_path
 from ..bpf import features, libbpf
-from ..bpf.loader import BpfObject
+from ..bpf.loader import BpfObject, Map
 from ..collectors.rdma import (
     OBJ_F_SEEDED,
     OBJ_F_USER,
@@ -95,16 +95,7 @@ def rdma_groups(present=None) -> tuple[RdmaHookGroup, ...]:
 
 def kernel_functions(names) -> set[str]:
     """Which of these functions the running kernel (modules included) has."""
-    wanted, found = set(names), set()
-    try:
-        with open("/proc/kallsyms") as f:
-            for line in f:
-                parts = line.split()
-                if len(parts) >= 3 and parts[2] in wanted and parts[1] in "tT":
-                    found.add(parts[2])
-    except OSError:
-        pass
-    return found
+    return set(names) & features._kernel_symbols()
 
 
 def subsystem_absent() -> str | None:
@@ -125,7 +116,6 @@ class RdmaProbeConfig:
     hook_mode: str = "auto"
     cgroup_root: str | None = None   # to attribute seeded objects
     max_objects: int = 16384
-    pin: bool = True
 
 
 class RdmaProbe:
@@ -139,7 +129,7 @@ class RdmaProbe:
         self.obj: BpfObject | None = None
         self.plans: list[features.GroupPlan] = []
         self.reason: str | None = None
-        self.seeded = 0
+        self._maps: dict[str, Map] | None = None
         self._pinned = False
 
     @property
@@ -183,8 +173,7 @@ class RdmaProbe:
         else:
             raise TracehoundError("rdma probe: gave up after repeated load/attach failures")
         self._seed()
-        if self.config.pin:
-            self._pin()
+        self._pin()
 
     @staticmethod
     def why_not(plan: features.GroupPlan) -> str:
@@ -200,10 +189,13 @@ class RdmaProbe:
             obj.map("rdma_objects").set_max_entries(self.config.max_objects)
             obj.load()
             obj.attach_all()
+            # held for the probe's life: a Map remembers whether batch lookups work
+            maps = {name: obj.map(name) for name in MAPS}
         except BaseException:
             obj.close()
             raise
         self.obj = obj
+        self._maps = maps
 
     def close(self) -> None:
         if self._pinned:
@@ -212,6 +204,7 @@ class RdmaProbe:
             except OSError:
                 pass
             self._pinned = False
+        self._maps = None
         if self.obj is not None:
             self.obj.close()
             self.obj = None
@@ -228,17 +221,19 @@ class RdmaProbe:
         except rdma_host.RdmaToolError as exc:
             log.warning("rdma probe: objects that predate the agent are not mirrored: %s", exc)
             return
-        devs = self.obj.map("rdma_devices")
+        devs = self._maps["rdma_devices"]
         for index, name in names.items():
             devs.update(index.to_bytes(4, "little"), name.encode()[:63].ljust(64, b"\0"), BPF_NOEXIST)
-        objects = self.obj.map("rdma_objects")
+        objects = self._maps["rdma_objects"]
+        cgroup_of: dict[int, int] = {}   # a process holds many objects
         for k in existing:
             flags = OBJ_F_SEEDED | (OBJ_F_USER if k.pid else 0)
-            mirror = MirrorObject(k.device, k.type, k.id, k.pid, self._cgroup_of(k.pid), 0, flags, k.comm)
+            if k.pid not in cgroup_of:
+                cgroup_of[k.pid] = self._cgroup_of(k.pid)
+            mirror = MirrorObject(k.device, k.type, k.id, k.pid, cgroup_of[k.pid], 0, flags, k.comm)
             key, value = encode_object(mirror)
             try:
                 objects.update(key, value, BPF_NOEXIST)
-                self.seeded += 1
             except TracehoundError:
                 pass  # the probe saw it first, or the map is full (counted there)
         try:
@@ -247,8 +242,8 @@ class RdmaProbe:
             return
         for key, value in objects.items():
             o = decode_object(key, value)
-            if o.seeded and (o.device, o.type, o.id) not in still and objects.delete(key):
-                self.seeded -= 1
+            if o.seeded and (o.device, o.type, o.id) not in still:
+                objects.delete(key)
 
     def _cgroup_of(self, pid: int) -> int:
         if not pid or not self.config.cgroup_root:
@@ -270,7 +265,7 @@ class RdmaProbe:
         except OSError as exc:
             log.info("rdma probe: mirror not pinned (%s): `tracehound rdma show` sees the kernel only", exc)
             return
-        ret = pin(self.obj.map("rdma_objects").fd, OBJECTS_PIN.encode())
+        ret = pin(self._maps["rdma_objects"].fd, OBJECTS_PIN.encode())
         if ret < 0:
             log.info("rdma probe: cannot pin the mirror at %s: %s", OBJECTS_PIN,
                      libbpf.strerror(libbpf.errno_of(ret)))
@@ -279,7 +274,7 @@ class RdmaProbe:
 
     # -- reading ------------------------------------------------------------
     def snapshot(self, objects: bool = True) -> RdmaSnapshot:
-        return read_snapshot({name: self.obj.map(name) for name in MAPS}, objects)
+        return read_snapshot(self._maps, objects)
 
     def modes(self) -> dict[str, str]:
         """probe name ('rdma.restrack', ...) -> hook mode in use."""
