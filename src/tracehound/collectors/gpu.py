@@ -320,12 +320,9 @@ def _sample_families(samples: dict[int, GpuSample], by_index: dict[int, Gpu], re
             retired_pend, remapped, remap_pend, remap_fail, replay, nvlink]
 
 
-def open_gpu_collector(workload_labels: WorkloadLabels | None = None, *, nvml=None,
-                       root: str = "/", start: bool = True, event_wait_ms: int = 500):
-    """(GpuCollector, one-line summary) or (None, one-line reason it cannot run).
-
-    start=True starts the event thread; the caller owns close().
-    """
+def _discover(nvml, topo: Topology):
+    """((nvml, gpus, lost, driver version), "") with NVML initialised, or
+    (None, why not) with it shut down again."""
     if nvml is None:
         nvml, reason = nv.load_nvml()
         if nvml is None:
@@ -333,13 +330,26 @@ def open_gpu_collector(workload_labels: WorkloadLabels | None = None, *, nvml=No
     reason = nv.init(nvml)
     if reason:
         return None, reason
-    topo = Topology(root)
     try:
         gpus, lost = enumerate_gpus(nvml, topo)
         driver = nv.text(nv.read(nvml, "nvmlSystemGetDriverVersion") or "")
     except nvml.NVMLError as exc:
         nv.shutdown(nvml)
         return None, f"NVML could not list GPUs: {exc}"
+    return (nvml, gpus, lost, driver), ""
+
+
+def open_gpu_collector(workload_labels: WorkloadLabels | None = None, *, nvml=None,
+                       root: str = "/", start: bool = True, event_wait_ms: int = 500):
+    """(GpuCollector, one-line summary) or (None, one-line reason it cannot run).
+
+    start=True starts the event thread; the caller owns close().
+    """
+    topo = Topology(root)
+    found, reason = _discover(nvml, topo)
+    if found is None:
+        return None, reason
+    nvml, gpus, lost, driver = found
     if not gpus and not lost:
         nv.shutdown(nvml)
         return None, "no NVIDIA GPU found"
@@ -355,20 +365,12 @@ def open_gpu_collector(workload_labels: WorkloadLabels | None = None, *, nvml=No
 
 def gpu_inventory(nvml=None) -> tuple[list[dict], str]:
     """([{index, model, uuid, driver_version}], "") or ([], reason): for `tracehound doctor`."""
-    if nvml is None:
-        nvml, reason = nv.load_nvml()
-        if nvml is None:
-            return [], reason
-    reason = nv.init(nvml)
-    if reason:
+    found, reason = _discover(nvml, Topology())
+    if found is None:
         return [], reason
-    try:
-        driver = nv.text(nv.read(nvml, "nvmlSystemGetDriverVersion") or "unknown")
-        gpus, lost = enumerate_gpus(nvml, Topology())
-    except nvml.NVMLError as exc:
-        return [], f"NVML could not list GPUs: {exc}"
-    finally:
-        nv.shutdown(nvml)
-    found = [{"index": g.index, "model": g.model, "uuid": g.uuid, "driver_version": driver,
-              "lost": g in lost} for g in sorted([*gpus, *lost], key=lambda g: g.index)]
-    return found, "" if found else "no NVIDIA GPU found"
+    nvml, gpus, lost, driver = found
+    nv.shutdown(nvml)
+    rows = [{"index": g.index, "model": g.model, "uuid": g.uuid,
+             "driver_version": driver or "unknown", "lost": g in lost}
+            for g in sorted([*gpus, *lost], key=lambda g: g.index)]
+    return rows, "" if rows else "no NVIDIA GPU found"
