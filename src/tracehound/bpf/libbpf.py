@@ -68,6 +68,8 @@ _SIGNATURES = {
     "bpf_map_lookup_batch": (c_int, [c_int, c_void_p, c_void_p, c_void_p, c_void_p,
                                      ctypes.POINTER(ctypes.c_uint32), c_void_p]),
     "libbpf_num_possible_cpus": (c_int, []),
+    "bpf_obj_pin": (c_int, [c_int, c_char_p]),
+    "bpf_obj_get": (c_int, [c_char_p]),
 }
 
 

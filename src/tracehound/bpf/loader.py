@@ -91,12 +91,24 @@ class Map:
         lb = libbpf.lib()
         self.name = name
         self._ptr = ptr
+        self._fd: int | None = None
         self.key_size = lb.bpf_map__key_size(ptr)
         self.value_size = lb.bpf_map__value_size(ptr)
         self._batch_ok = True
 
+    @classmethod
+    def from_fd(cls, name: str, fd: int, key_size: int, value_size: int) -> "Map":
+        """A map this process did not load (a pinned one, opened by path)."""
+        self = cls.__new__(cls)
+        self.name, self._ptr, self._fd = name, None, fd
+        self.key_size, self.value_size = key_size, value_size
+        self._batch_ok = True
+        return self
+
     @property
     def fd(self) -> int:
+        if self._fd is not None:
+            return self._fd
         return libbpf.lib().bpf_map__fd(self._ptr)
 
     def set_max_entries(self, n: int) -> None:

@@ -7,7 +7,6 @@ probe unavailable with a reason; it never stops the agent.
 """
 from __future__ import annotations
 
-import ctypes
 import logging
 import os
 from dataclasses import dataclass
@@ -103,12 +102,6 @@ def subsystem_absent() -> str | None:
     if os.path.isdir("/sys/module/ib_core") or os.path.isdir("/sys/class/infiniband"):
         return None
     return "no RDMA subsystem: ib_core is neither loaded nor built in (modprobe ib_core)"
-
-
-def _libbpf_fn(name: str, restype, argtypes):
-    fn = getattr(libbpf.lib(), name)
-    fn.restype, fn.argtypes = restype, argtypes
-    return fn
 
 
 @dataclass
@@ -257,7 +250,6 @@ class RdmaProbe:
             return 0
 
     def _pin(self) -> None:
-        pin = _libbpf_fn("bpf_obj_pin", ctypes.c_int, [ctypes.c_int, ctypes.c_char_p])
         try:
             os.makedirs(PIN_DIR, exist_ok=True)
             if os.path.exists(OBJECTS_PIN):
@@ -265,7 +257,7 @@ class RdmaProbe:
         except OSError as exc:
             log.info("rdma probe: mirror not pinned (%s): `tracehound rdma show` sees the kernel only", exc)
             return
-        ret = pin(self._maps["rdma_objects"].fd, OBJECTS_PIN.encode())
+        ret = libbpf.lib().bpf_obj_pin(self._maps["rdma_objects"].fd, OBJECTS_PIN.encode())
         if ret < 0:
             log.info("rdma probe: cannot pin the mirror at %s: %s", OBJECTS_PIN,
                      libbpf.strerror(libbpf.errno_of(ret)))
@@ -293,24 +285,14 @@ class PinnedObjects:
     """The mirror pinned by a running agent, read from another process."""
 
     def __init__(self, path: str = OBJECTS_PIN):
-        get = _libbpf_fn("bpf_obj_get", ctypes.c_int, [ctypes.c_char_p])
-        fd = get(path.encode())
+        fd = libbpf.lib().bpf_obj_get(path.encode())
         if fd < 0:
             raise TracehoundError(f"no RDMA mirror pinned at {path} ({libbpf.strerror(libbpf.errno_of(fd))}):"
                                   " is the agent running with the rdma probe?")
         self.fd = fd
 
     def items(self) -> list[tuple[bytes, bytes]]:
-        lb = libbpf.lib()
-        out = []
-        prev = None
-        key = ctypes.create_string_buffer(OBJ_KEY.size)
-        value = ctypes.create_string_buffer(OBJ_VALUE.size)
-        while lb.bpf_map_get_next_key(self.fd, prev, key) == 0:
-            if lb.bpf_map_lookup_elem(self.fd, key, value) == 0:
-                out.append((key.raw, value.raw))
-            prev = ctypes.create_string_buffer(key.raw, OBJ_KEY.size)
-        return out
+        return Map.from_fd("rdma_objects", self.fd, OBJ_KEY.size, OBJ_VALUE.size).items()
 
     def close(self) -> None:
         if self.fd >= 0:
