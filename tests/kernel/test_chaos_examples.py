@@ -108,7 +108,7 @@ def chaos_cgroup(cgroup_root):
     """A cgroup path for the experiment to create; removed even on failure."""
     rel = f"/thtest/{unique('chaos-')}"
     yield rel
-    from tracehound.chaos.workload import stop_workload
+    from tracehound.chaos.scaffold import stop_workload
     stop_workload(rel, "/var/tmp")
     subprocess.run(["rm", "-rf", f"{BLKIO}/tracehound-chaos"], capture_output=True)
 

@@ -12,7 +12,7 @@ import uuid
 
 from tests.conftest import tracehound_cmd
 from tests.kernel.test_chaos_examples import blkio_path, blkio_tree, in_netns, read, state_of
-from tracehound.chaos import workload
+from tracehound.chaos import scaffold
 
 
 def snapshot(s: dict) -> dict:
@@ -81,11 +81,11 @@ def test_sigkill_mid_fault_then_recover_restores_everything():
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     journal = f"{tmp}/journal"
     try:
-        s["writer"] = workload.start_writer(s["cgroup"], "/var/tmp")["pid"]
+        s["writer"] = scaffold.start_writer(s["cgroup"], "/var/tmp")["pid"]
         s["sleeper"] = sleeper.pid
-        workload.make_netns_pair(s["ns_a"], s["ns_b"], s["if_a"], s["if_b"],
+        scaffold.make_netns_pair(s["ns_a"], s["ns_b"], s["if_a"], s["if_b"],
                                  "10.205.0.1/24", "10.205.0.2/24")
-        workload.mount_tmpfs(s["scratch"], 32)
+        scaffold.mount_tmpfs(s["scratch"], 32)
         before = snapshot(s)
         path = f"{tmp}/experiment.yaml"
         with open(path, "w") as f:
@@ -121,7 +121,7 @@ def test_sigkill_mid_fault_then_recover_restores_everything():
                        capture_output=True, timeout=60)
         sleeper.kill()
         sleeper.wait()
-        workload.stop_workload(s["cgroup"], "/var/tmp")
-        workload.delete_netns([s["ns_a"], s["ns_b"]])
-        workload.unmount(s["scratch"])
+        scaffold.stop_workload(s["cgroup"], "/var/tmp")
+        scaffold.delete_netns([s["ns_a"], s["ns_b"]])
+        scaffold.unmount(s["scratch"])
         subprocess.run(["rm", "-rf", tmp])

@@ -25,7 +25,7 @@ import yaml
 from tests import prometheus_server
 from tests.conftest import ROOT, tracehound_cmd
 from tests.kernel.conftest import run_in_cgroup
-from tracehound.chaos.workload import start_writer, stop_workload
+from tracehound.chaos.scaffold import start_writer, stop_workload
 from tracehound.fleet.prometheus import (
     DetectionTimeout,
     PrometheusError,

@@ -10,7 +10,7 @@ import urllib.parse
 
 import pytest
 
-from tracehound.chaos import detect, metrics
+from tracehound.chaos import detection as detect, metrics
 from tracehound.chaos.faults import Detection
 
 

@@ -12,7 +12,7 @@ import urllib.request
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tracehound.chaos import detect
+from tracehound.chaos import detection as detect
 from tracehound.chaos.metrics import EventCounter, events_url
 from tracehound.exporter.events import EVENTS_LOGGER, EventLog
 from tracehound.exporter.server import Exporter

@@ -197,7 +197,7 @@ def went_down(seen: list) -> bool:
 def recover_after_kill(c: rg.Checks, agent: rg.Agent) -> None:
     """No RDMA device on this pair, so detection waits out its timeout: a
     wide window to kill the run while the link is down."""
-    from tracehound.chaos.workload import delete_netns
+    from tracehound.chaos.scaffold import delete_netns
     run = ChaosRun("rdma-link-down.yaml", {"TRACEHOUND_METRICS_URL": agent.url,
                                             "CHAOS_DETECT_TIMEOUT": "90"},
                    link_state, kill_when=went_down)

@@ -18,7 +18,7 @@ import time
 from ..progress import steps
 from . import faults as catalog
 from . import providers
-from .detect import run_detection, run_query, take_baseline, with_defaults
+from .detection import run_detection, run_query, take_baseline, with_defaults
 from .faults import FaultError
 from .journal import Journal, new_run_id
 from .metrics import QueryError

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from . import config as cfg
 from . import faults as catalog
 from . import tolerance
-from .detect import DETECT_KEYS, QUERY_KEYS, check_spec
+from .detection import DETECT_KEYS, QUERY_KEYS, check_spec
 from .document import Document, child_path
 
 TOP_KEYS = ("version", "title", "description", "tags", "contributions", "extensions",

@@ -17,7 +17,7 @@ import tempfile
 import time
 
 from . import Arg, Availability, Detection, Fault, FaultError, Prepared
-from .proc import MARKER, _kill_marked
+from .proc import MARKER, kill_marked
 from .targets import run_cmd
 
 NCCL_MODES = {
@@ -146,7 +146,7 @@ class _GpuChild(Fault):
             return {}
 
     def rollback(self, state):
-        _kill_marked(state["marker"], state.get("pid"))
+        kill_marked(state["marker"], state.get("pid"))
         for path in (state["result"], state["result"] + ".tmp"):
             try:
                 os.unlink(path)
@@ -272,7 +272,7 @@ class NcclFault(Fault):
         return {"pid": proc.pid}
 
     def rollback(self, state):
-        _kill_marked(state["marker"], state.get("pid"))
+        kill_marked(state["marker"], state.get("pid"))
         return None
 
     def detection(self, args, state=None):

@@ -160,7 +160,7 @@ class ProcStress(Fault):
         return {"pid": proc.pid}
 
     def rollback(self, state):
-        _kill_marked(state["marker"], state.get("pid"))
+        kill_marked(state["marker"], state.get("pid"))
         if state.get("workdir"):
             shutil.rmtree(state["workdir"], ignore_errors=True)
         return None
@@ -191,7 +191,7 @@ def marked_pids(marker: str) -> list[int]:
     return out
 
 
-def _kill_marked(marker: str, child: int | None) -> None:
+def kill_marked(marker: str, child: int | None) -> None:
     # TERM first: stress-ng removes its temporary files when asked politely.
     for sig, wait in ((signal.SIGTERM, 3.0), (signal.SIGKILL, 3.0)):
         pids = marked_pids(marker)
