@@ -1,46 +1,36 @@
-"""The node agent: probes + collectors + exporter, until a signal stops it."""
+"""The node agent: its subsystems, the exporter and the detector schedule,
+until a signal stops it."""
 from __future__ import annotations
 
 import functools
 import logging
 import signal
 import threading
-from dataclasses import dataclass
 
 from prometheus_client import CollectorRegistry
 
 from . import preflight
 from .attribution.cgroups import CgroupResolver
 from .attribution.kubelet import pod_source
-from .attribution.procs import cgroup_v2_path
+from .attribution.owners import Owners
 from .attribution.resolver import WorkloadResolver
-from .collectors.gpu import open_gpu_collector
-from .collectors.io import IoCollector
-from .collectors.rdma import open_rdma
+from .config import AgentConfig
+from .detect.schedule import DetectorSchedule
 from .errors import SetupError
 from .exporter.events import EventLog
-from .exporter.server import DEFAULT_LISTEN, Exporter, ProbeInfoCollector
-from .host.mounts import DEFAULT_SKIP_FSTYPES, MountTable
-from .probes.io import IoProbe, IoProbeConfig
+from .exporter.registry import register_all
+from .exporter.server import Exporter
+from .host.mounts import MountTable
+from .subsystems import SUBSYSTEMS
+from .subsystems.base import Context
 
 log = logging.getLogger(__name__)
 
-
-@dataclass
-class AgentConfig:
-    listen: str = DEFAULT_LISTEN
-    hook_mode: str = "auto"
-    skip_fstypes: tuple[str, ...] = DEFAULT_SKIP_FSTYPES
-    max_entries: int = 8192
-    max_series: int = 10000
-    pod_logs_dir: str = "/var/log/pods"
-    kubelet_url: str | None = None
-    mountinfo: str = "/proc/self/mountinfo"
-    rdma_grace_s: float = 10.0
+__all__ = ["Agent", "AgentConfig", "run"]
 
 
 class Agent:
-    def __init__(self, config: AgentConfig):
+    def __init__(self, config: AgentConfig, subsystems=SUBSYSTEMS):
         self.config = config
         self.mounts = MountTable(config.mountinfo)
         root = self.mounts.cgroup2_root()
@@ -48,14 +38,20 @@ class Agent:
             raise SetupError("no cgroup v2 hierarchy is mounted: mount one "
                              "(mount -t cgroup2 none /sys/fs/cgroup/unified)")
         self.cgroups = CgroupResolver(root)
-        self.workloads = WorkloadResolver(
+        workloads = WorkloadResolver(
             root, pod_source=pod_source(config.pod_logs_dir, config.kubelet_url))
-        self.io = IoProbe(IoProbeConfig(config.hook_mode, config.skip_fstypes,
-                                        config.max_entries), self.mounts)
+        self.owners = Owners(self.cgroups, workloads)
+        ctx = Context(config, self.mounts, self.owners)
+        self.subsystems = [cls(ctx) for cls in subsystems]
         self.registry = CollectorRegistry(auto_describe=False)
         self.events = EventLog()
         self.exporter = Exporter(self.registry, config.listen, {"/events": self.events.wsgi})
+        self.schedule: DetectorSchedule | None = None
+        self._started: list = []
         self._stop = threading.Event()
+
+    def subsystem(self, name: str):
+        return next(s for s in self.subsystems if s.name == name)
 
     def start(self) -> "Agent":
         # Bind first: a busy port should fail before any BPF is loaded.
@@ -63,40 +59,30 @@ class Agent:
         self.events.attach()
         self.cgroups.watch()
         try:
-            self.io.start()
+            for s in self.subsystems:
+                self._started.append(s)
+                s.start()
         except BaseException:
-            self.exporter.stop()
-            self.events.detach()
-            self.cgroups.close()
+            self.stop()
             raise
-        # RDMA is optional: a host without it gets a reason, never an error
-        self.rdma = open_rdma(self.config.hook_mode, self.cgroups.root, self.config.rdma_grace_s,
-                              self.workloads)
-        for collector in self.rdma.collectors():
-            self.registry.register(collector)
-        self.registry.register(ProbeInfoCollector([self.io, self.rdma.probe]))
-        self.registry.register(IoCollector(self.io, self.mounts, self.cgroups,
-                                           self.config.max_series, self.workloads))
-        # GPU health is optional: no driver or no GPU is reported, not fatal
-        self.gpu, self.gpu_status = open_gpu_collector(workload_labels=self.workload_of_pid)
-        if self.gpu is not None:
-            self.registry.register(self.gpu)
+        register_all(self.registry, self.subsystems)
+        self.schedule = DetectorSchedule(
+            [d for s in self.subsystems for d in s.detectors()]).start()
+        set_ready = getattr(self.exporter, "set_ready", None)
+        if set_ready is not None:
+            set_ready(True)
         return self
-
-    def workload_of_pid(self, pid: int) -> dict[str, str]:
-        """cgroup and workload labels of a process (for per-process series)."""
-        path = cgroup_v2_path(pid) or "unknown"
-        return {"cgroup": path, **self.workloads.resolve(path).as_dict()}
 
     def stop(self) -> None:
         self._stop.set()
         self.exporter.stop()
         self.events.detach()
-        if getattr(self, "gpu", None) is not None:
-            self.gpu.close()
-        if getattr(self, "rdma", None) is not None:
-            self.rdma.close()
-        self.io.close()
+        if self.schedule is not None:
+            self.schedule.stop()
+            self.schedule = None
+        for s in reversed(self._started):
+            s.close()
+        self._started.clear()
         self.cgroups.close()
 
     def wait(self) -> None:
@@ -114,11 +100,9 @@ def run(config: AgentConfig, out=functools.partial(print, flush=True)) -> int:
     signal.signal(signal.SIGINT, on_signal)
     out(f"tracehound: serving metrics on {agent.exporter.url}")
     out(f"tracehound: anomaly events on {agent.exporter.url.removesuffix('/metrics')}/events")
-    for probe, mode in agent.io.modes().items():
-        out(f"tracehound: probe {probe:<10} mode {mode}")
-    for line in agent.rdma.status_lines():
-        out(f"tracehound: {line}")
-    out(f"tracehound: gpu: {agent.gpu_status}")
+    for s in agent.subsystems:
+        for line in s.status_lines():
+            out(f"tracehound: {line}")
     try:
         while not agent._stop.wait(1.0):
             pass

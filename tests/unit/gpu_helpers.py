@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 
 from tracehound.collectors.gpu import GpuCollector
-from tracehound.detect.gpu import GpuDetector
+from tracehound.detect.gpu import GpuDetector, GpuWatcher
 from tracehound.gpu.device import enumerate_gpus
 from tracehound.host.topology import Topology
 
@@ -67,8 +67,15 @@ def make_collector(nvml: FakeNvml, root, workload_labels=None, events: Events | 
 
 
 def scrape(collector) -> dict:
-    """{family name: [(sample name, labels dict, value)]}"""
-    return {f.name: [(s.name, s.labels, s.value) for s in f.samples] for f in collector.collect()}
+    """One detection pass (as the agent's detector schedule runs it), then a
+    scrape of the collector and of its detector's counters:
+    {family name: [(sample name, labels dict, value)]}"""
+    families = []
+    if collector.detector is not None:
+        GpuWatcher(collector.observations, collector.detector).run_once(0.0)
+        families += list(collector.detector.collect())
+    families = list(collector.collect()) + families
+    return {f.name: [(s.name, s.labels, s.value) for s in f.samples] for f in families}
 
 
 def value(fams: dict, family: str, sample: str | None = None, **labels):

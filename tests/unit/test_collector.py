@@ -1,9 +1,11 @@
 """Decoding of the io_stats map layout and the histogram export."""
 import struct
 
+from tracehound.attribution.owners import Owners
 from tracehound.attribution.resolver import WorkloadResolver
 from tracehound.collectors import io as col
 from tracehound.host.mounts import MountTable
+from tracehound.probes.io import KEY, IoProbe, IoProbeConfig
 
 SAMPLE = "27 1 254:0 / / rw - ext4 /dev/vda rw\n40 27 0:50 / /scratch rw - tmpfs t rw\n"
 
@@ -35,15 +37,13 @@ class FakeMap:
         return [1, 2]
 
 
-class FakeProbe:
-    """Stands in for a loaded IoProbe: the map contents are what is tested."""
+class FakeProbe(IoProbe):
+    """A started IoProbe whose maps hold what is tested instead of loaded
+    ones: the probe's own decoding is part of what is tested."""
 
-    def __init__(self, items):
-        self.maps = {"io_stats": FakeMap(items), "io_health": FakeMap([])}
-        self.obj = self
-
-    def map(self, name):
-        return self.maps[name]
+    def __init__(self, items, mounts):
+        super().__init__(IoProbeConfig(), mounts)
+        self.maps = self._maps = {"io_stats": FakeMap(items), "io_health": FakeMap([])}
 
     def sync_mounts(self, force=False):
         pass
@@ -66,6 +66,7 @@ class FakeCgroups:
 
     def retain(self, in_use):
         self.retained = set(in_use)
+        return []
 
     def path(self, cgid):
         return self.paths.get(cgid, f"unknown:{cgid}")
@@ -75,8 +76,11 @@ def collector(items, tmp_path, max_series=0):
     p = tmp_path / "mi"
     p.write_text(SAMPLE)
     workloads = WorkloadResolver(job_id_source=None, pod_source=None, v1_lookup=False)
-    return col.IoCollector(FakeProbe(items), MountTable(str(p)), FakeCgroups(), max_series,
-                           workloads)
+    mounts = MountTable(str(p))
+    cgroups = FakeCgroups()
+    c = col.IoCollector(FakeProbe(items, mounts), mounts, Owners(cgroups, workloads), max_series)
+    c.cgroups = cgroups
+    return c
 
 
 def scrape(c):
@@ -96,10 +100,10 @@ def test_keys_for_same_mount_merge_and_dev_keys_resolve(tmp_path):
     read_hist = [[0] * col.HIST_SLOTS for _ in col.HISTS]
     read_hist[0][12] = 5               # five reads of 4-8 us
     items = [
-        (col.KEY.pack(7, 40, 0), value(read_bytes=100, hist=read_hist, lat=[25_000, 0, 0])),
-        (col.KEY.pack(7, 40, 0), value(read_bytes=1)),
+        (KEY.pack(7, 40, 0), value(read_bytes=100, hist=read_hist, lat=[25_000, 0, 0])),
+        (KEY.pack(7, 40, 0), value(read_bytes=1)),
         # namespace op keyed by device (0:50 is the tmpfs)
-        (col.KEY.pack(7, (0 << 20) | 50, col.KEY_DEV),
+        (KEY.pack(7, (0 << 20) | 50, col.KEY_DEV),
          value(calls=[0, 0, 0, 0, 0, 3, 0, 0, 0], errors=[0, 0, 0, 0, 0, 1, 0, 0, 0])),
     ]
     fams = collect(items, tmp_path)
@@ -125,7 +129,7 @@ def test_slow_calls_only_in_inf_and_fast_ones_in_first_bucket(tmp_path):
     hist = [[0] * col.HIST_SLOTS for _ in col.HISTS]
     hist[1][31] = 2    # >= 2.1 s
     hist[1][3] = 4     # < 16 ns
-    fams = collect([(col.KEY.pack(1, 27, 0), value(hist=hist))], tmp_path)
+    fams = collect([(KEY.pack(1, 27, 0), value(hist=hist))], tmp_path)
     b = {s.labels["le"]: s.value for s in fams["tracehound_io_write_latency_seconds"].samples
          if s.name.endswith("_bucket")}
     assert b["1.024e-06"] == 4
@@ -134,13 +138,13 @@ def test_slow_calls_only_in_inf_and_fast_ones_in_first_bucket(tmp_path):
 
 
 def test_unknown_mount_gets_stable_label(tmp_path):
-    fams = collect([(col.KEY.pack(1, 999, 0), value(write_bytes=3))], tmp_path)
+    fams = collect([(KEY.pack(1, 999, 0), value(write_bytes=3))], tmp_path)
     s = fams["tracehound_io_write_bytes"].samples[0]
     assert s.labels["mountpoint"] == "mnt:999" and s.labels["fstype"] == "unknown"
 
 
 def test_removed_cgroup_is_exported_once_more_then_deleted(tmp_path):
-    key = col.KEY.pack(7, 40, 0)
+    key = KEY.pack(7, 40, 0)
     c = collector([(key, value(write_bytes=10))], tmp_path)
     assert written(scrape(c), "/job/7") == [10]
     stats = c.probe.maps["io_stats"]
@@ -155,7 +159,7 @@ def test_removed_cgroup_is_exported_once_more_then_deleted(tmp_path):
 
 
 def test_new_cgroup_at_a_reused_path_continues_the_counter(tmp_path):
-    old, new = col.KEY.pack(7, 40, 0), col.KEY.pack(8, 40, 0)
+    old, new = KEY.pack(7, 40, 0), KEY.pack(8, 40, 0)
     c = collector([(old, value(write_bytes=10))], tmp_path)
     c.cgroups.paths[8] = "/job/7"
     scrape(c)
@@ -166,7 +170,7 @@ def test_new_cgroup_at_a_reused_path_continues_the_counter(tmp_path):
 
 
 def test_series_cap_folds_the_rest_into_overflow(tmp_path):
-    items = [(col.KEY.pack(cg, 40, 0), value(write_bytes=cg)) for cg in (7, 20, 21)]
+    items = [(KEY.pack(cg, 40, 0), value(write_bytes=cg)) for cg in (7, 20, 21)]
     c = collector(items, tmp_path, max_series=1)
     c.cgroups.paths.update({20: "/a", 21: "/b"})
     fams = scrape(c)
@@ -181,7 +185,7 @@ def test_series_cap_folds_the_rest_into_overflow(tmp_path):
 
 
 def test_every_series_carries_the_workload_labels(tmp_path):
-    c = collector([(col.KEY.pack(30, 40, 0), value(write_bytes=4096))], tmp_path)
+    c = collector([(KEY.pack(30, 40, 0), value(write_bytes=4096))], tmp_path)
     c.cgroups.paths[30] = "/system.slice/slurmstepd.scope/job_42/step_0/user/task_1"
     fams = scrape(c)
     s = fams["tracehound_io_write_bytes"].samples[0]

@@ -283,6 +283,7 @@ def test_exposition_is_valid_and_names_do_not_collide(host):
     col = make_collector(FakeNvml([full_gpu(), second_gpu()]), host)
     registry = CollectorRegistry(auto_describe=True)   # raises on duplicated series names
     registry.register(col)
+    registry.register(col.detector)                     # served beside it by the agent
     text = generate_latest(registry).decode()
     names = {f.name for f in text_string_to_metric_families(text)}
     assert {"tracehound_gpu_xid_errors", "tracehound_gpu_anomalies", "tracehound_nic_numa_node",

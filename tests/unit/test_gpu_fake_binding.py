@@ -1,7 +1,7 @@
 """The NVML test double against the real nvidia-ml-py binding, and `doctor`'s GPU section."""
 import pytest
 
-from tracehound import doctor
+from tracehound.subsystems.gpu import GpuSubsystem
 from tracehound.gpu import nvml as nv
 
 from . import fake_nvml as fn
@@ -46,9 +46,8 @@ def test_real_binding_without_driver_reports_a_reason():
 
 
 def test_doctor_lists_gpus():
-    lines = []
     gpus = [FakeGpu(uuid="GPU-aaaa"), FakeGpu(uuid="GPU-bbbb", lost=True)]
-    doctor._gpu_section(lines.append, nvml=FakeNvml(gpus, driver="550.54.15"))
+    lines = GpuSubsystem.doctor("auto", nvml=FakeNvml(gpus, driver="550.54.15")).lines
     assert lines[0] == "gpu:"
     assert "gpu 0" in lines[1] and "NVIDIA H100 80GB HBM3" in lines[1] and "GPU-aaaa" in lines[1]
     assert "driver 550.54.15" in lines[1] and "[ok]" in lines[1]
@@ -56,7 +55,7 @@ def test_doctor_lists_gpus():
 
 
 def test_doctor_says_why_there_is_no_gpu():
-    lines = []
-    doctor._gpu_section(lines.append, nvml=FakeNvml([], init_error=fn.NVML_ERROR_DRIVER_NOT_LOADED))
+    lines = GpuSubsystem.doctor(
+        "auto", nvml=FakeNvml([], init_error=fn.NVML_ERROR_DRIVER_NOT_LOADED)).lines
     assert lines == ["gpu:", ("  [--] nvml           NVIDIA driver not loaded (no nvidia kernel module)"
                               " (GPU health metrics off)")]

@@ -5,10 +5,12 @@ import struct
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from tracehound.collectors import rdma as c
-from tracehound.host import rdma as kernel_view
+from tracehound.attribution.owners import Owners
 from tracehound.attribution.resolver import WorkloadResolver
-from tracehound.host.rdma_view import ObjectRow, ProcessView, build_view, format_view, label_workloads
+from tracehound.collectors.rdma import RdmaCollector
+from tracehound.commands.rdma_show import ObjectRow, ProcessView, build_view, format_view, label_workloads
+from tracehound.host import rdma as kernel_view
+from tracehound.probes import rdma_maps as c
 
 
 class FakeMap:
@@ -66,6 +68,14 @@ class FakeCgroups:
     def path(self, cgid):
         return {42: "/job/a", 43: "/job/b"}.get(cgid, f"unknown:{cgid}")
 
+    def retain(self, in_use):
+        return []
+
+
+def make_owners(cgroups=None) -> Owners:
+    return Owners(cgroups or FakeCgroups(),
+                  WorkloadResolver(job_id_source=None, pod_source=None, v1_lookup=False))
+
 
 def scrape(collector) -> dict:
     reg = CollectorRegistry(auto_describe=False)
@@ -97,7 +107,7 @@ def test_encode_object_round_trips():
 
 
 def test_collector_metric_families():
-    m = scrape(c.RdmaCollector(FakeProbe(), FakeCgroups()))
+    m = scrape(RdmaCollector(FakeProbe(), make_owners()))
     where = ("cgroup", "device", "type")
     objs = {(k[0], tuple(kv for kv in k[1] if kv[0] in where)): v
             for k, v in m.items() if k[0] == "tracehound_rdma_objects"}
@@ -161,7 +171,7 @@ def test_process_view_joins_kernel_and_mirror():
 def test_objects_carry_the_owners_workload():
     cgroups = FakeCgroups()
     cgroups.path = lambda cgid: "/system.slice/slurmstepd.scope/job_5/step_0/user/task_2"
-    m = scrape(c.RdmaCollector(FakeProbe(), cgroups))
+    m = scrape(RdmaCollector(FakeProbe(), make_owners(cgroups)))
     owners = {dict(k[1])["cgroup"]: dict(k[1]) for k in m if k[0] == "tracehound_rdma_objects"}
     job = owners["/system.slice/slurmstepd.scope/job_5/step_0/user/task_2"]
     assert (job["workload"], job["job_id"], job["step"], job["task"]) == ("slurm", "5", "0", "2")

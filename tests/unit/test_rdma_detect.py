@@ -2,7 +2,7 @@
 import json
 import logging
 
-from tracehound.collectors.rdma import OBJ_F_USER, MirrorObject, RdmaSnapshot
+from tracehound.probes.rdma_maps import OBJ_F_USER, MirrorObject, RdmaSnapshot
 from tracehound.detect import rdma as d
 
 

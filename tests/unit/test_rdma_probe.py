@@ -7,13 +7,26 @@ import pytest
 
 from tracehound.bpf import features
 from tracehound.bpf.loader import BpfObject
-from tracehound.collectors import rdma as collector
-from tracehound.collectors.rdma import RdmaRuntime
+from tracehound.attribution.cgroups import CgroupResolver
+from tracehound.attribution.owners import Owners
+from tracehound.attribution.resolver import WorkloadResolver
+from tracehound.config import AgentConfig
 from tracehound.host import rdma as host_rdma
+from tracehound.host.mounts import MountTable
+from tracehound.probes import io as io_probe
 from tracehound.probes import object_path
 from tracehound.probes import rdma as probe_mod
+from tracehound.probes import rdma_maps as layout
+from tracehound.subsystems.base import Context
+from tracehound.subsystems.rdma import RdmaSubsystem
 
 PROBES = Path(probe_mod.__file__).parent
+
+
+def context() -> Context:
+    owners = Owners(CgroupResolver("/sys/fs/cgroup"),
+                    WorkloadResolver(job_id_source=None, pod_source=None, v1_lookup=False))
+    return Context(AgentConfig(), MountTable(), owners)
 
 
 def test_every_planned_program_exists_and_nothing_is_orphaned():
@@ -31,15 +44,15 @@ def test_every_planned_program_exists_and_nothing_is_orphaned():
 
 def test_optional_functions_are_left_out_where_the_kernel_lacks_them():
     restrack = probe_mod.rdma_groups(present=set())[0]
-    assert restrack.functions == ("rdma_restrack_add", "rdma_restrack_del")
+    assert restrack.mode("fentry").summary == "rdma_restrack_add, rdma_restrack_del"
     assert "fe_rdma_restrack_commit_del" not in restrack.programs("fentry")
 
 
 def test_rdma_groups_never_plan_a_tracepoint_mode():
     for group in probe_mod.rdma_groups(present=set()):
-        assert "tracepoint" not in group.modes
+        assert "tracepoint" not in dict(group.modes)
     # the I/O groups keep all three modes
-    assert all(g.modes == features.MODES for g in features.IO_GROUPS)
+    assert all(tuple(m for m, _ in g.modes) == features.MODES for g in io_probe.GROUPS)
 
 
 def _c_enum(source: str, name: str) -> list[str]:
@@ -48,20 +61,20 @@ def _c_enum(source: str, name: str) -> list[str]:
 
 
 def test_python_tables_follow_the_c_enums():
-    src = (PROBES / "rdma.bpf.c").read_text()
+    src = (PROBES / "rdma.h").read_text()
     ops = [m for m in _c_enum(src, "rdma_op") if m != "OP_NONE"]
-    assert [m.removeprefix("OP_").lower() for m in ops] == list(collector.OPS)
+    assert [m.removeprefix("OP_").lower() for m in ops] == list(layout.OPS)
     types = [m for m in _c_enum(src, "obj_type") if m != "OBJ_OTHER"]
     assert [m.removeprefix("OBJ_").lower() for m in types] == list(host_rdma.TYPES)
     health = [m for m in _c_enum(src, "rdma_health") if m != "H_MAX"]
-    assert [m.removeprefix("H_").lower() for m in health] == list(collector.HEALTH)
+    assert [m.removeprefix("H_").lower() for m in health] == list(layout.HEALTH)
 
 
 def test_struct_sizes_match_the_decoders():
-    src = (PROBES / "rdma.bpf.c").read_text()
+    src = (PROBES / "rdma.h").read_text()
     assert "__u32 dev;\n\t__u32 type;\n\t__u32 id;\n\t__u32 pad;" in src
-    assert collector.OBJ_KEY.size == 16
-    assert collector.OBJ_VALUE.size == 40   # u64 cgroup, u64 created, u32 tgid, u32 flags, comm[16]
+    assert layout.OBJ_KEY.size == 16
+    assert layout.OBJ_VALUE.size == 40   # u64 cgroup, u64 created, u32 tgid, u32 flags, comm[16]
 
 
 def test_probe_on_a_host_without_rdma_says_why(monkeypatch):
@@ -69,8 +82,11 @@ def test_probe_on_a_host_without_rdma_says_why(monkeypatch):
     probe = probe_mod.RdmaProbe().start()
     assert not probe.available
     assert probe.modes() == {} and probe.missing() == {}
-    assert RdmaRuntime(probe).status_lines() == ["rdma: not available (no RDMA subsystem: test)"]
-    assert RdmaRuntime(probe).collectors() == []
+    rdma = RdmaSubsystem(context())
+    rdma.start()
+    assert rdma.status_lines() == ["rdma: not available (no RDMA subsystem: test)"]
+    assert rdma.collectors() == [] and rdma.detectors() == []
+    rdma.close()
 
 
 @pytest.mark.skipif(probe_mod.subsystem_absent() is None, reason="this host has an RDMA subsystem")
@@ -79,9 +95,10 @@ def test_this_host_reports_rdma_not_available():
     assert not probe.available
     assert "ib_core" in probe.reason
     assert probe_mod.doctor_line().startswith("rdma         -> not available (no RDMA subsystem")
-    rt = collector.open_rdma("auto", "/sys/fs/cgroup")
-    assert rt.status_lines()[0].startswith("rdma: not available (")
-    rt.close()
+    rdma = RdmaSubsystem(context())
+    rdma.start()
+    assert rdma.status_lines()[0].startswith("rdma: not available (")
+    rdma.close()
 
 
 def test_a_forced_tracepoint_mode_has_no_rdma_hooks(monkeypatch):
@@ -105,9 +122,9 @@ def test_kernel_functions_reads_kallsyms(tmp_path, monkeypatch):
     real_open = open
     monkeypatch.setattr("builtins.open",
                         lambda p, *a, **k: real_open(fake if p == "/proc/kallsyms" else p, *a, **k))
-    features._kernel_symbols.cache_clear()   # read the fake, and leave no fake behind
+    features.kernel_symbols.cache_clear()   # read the fake, and leave no fake behind
     try:
         assert probe_mod.kernel_functions(["rdma_restrack_commit_del", "rdma_restrack_add"]) == \
             {"rdma_restrack_commit_del"}
     finally:
-        features._kernel_symbols.cache_clear()
+        features.kernel_symbols.cache_clear()

@@ -327,7 +327,7 @@ def injected_divergence_scenario(c: Checks, agent: Agent) -> None:
     """A QP only the mirror has, owned by a pid that does not exist: what a
     missed delete looks like. Written through the map the agent pins."""
     from tracehound.bpf import libbpf
-    from tracehound.collectors.rdma import OBJ_F_USER, MirrorObject, encode_object
+    from tracehound.probes.rdma_maps import OBJ_F_USER, MirrorObject, encode_object
     from tracehound.probes.rdma import PinnedObjects
 
     key, value = encode_object(MirrorObject(0, "qp", 0xFFFFF0, 4_000_000, 0, 1, OBJ_F_USER, "ghost"))

@@ -52,14 +52,17 @@ class CgroupResolver:
         with self._lock:
             self._ino_of.pop(rel, None)
 
-    def retain(self, in_use: Iterable[int]) -> None:
+    def retain(self, in_use: Iterable[int]) -> list[tuple[int, str]]:
         """Forget the paths of removed cgroups nothing refers to any more:
-        memory follows the cgroups that exist, not all that ever did."""
+        memory follows the cgroups that exist, not all that ever did.
+        Returns the (id, path) pairs forgotten."""
         keep = set(in_use)
         with self._lock:
             keep.update(self._ino_of.values())     # cgroups that exist now
-            for ino in [i for i in self._paths if i not in keep]:
+            dropped = [(ino, p) for ino, p in self._paths.items() if ino not in keep]
+            for ino, _ in dropped:
                 del self._paths[ino]
+        return dropped
 
     def new_scrape(self) -> None:
         self._may_rescan = True

@@ -1,72 +1,30 @@
-"""Which hook mode each probe can use on this kernel, decided by trying.
+"""Which hook mode each probe can use on this kernel, decided by trying, and
+loading a probe with a fallback per hook group.
 
-Order of preference per hook group: fentry/fexit, kprobe/kretprobe, syscall
-tracepoints. Nothing here looks at the kernel version: fentry is probed by
-loading a tiny program against each function, kprobes by the kernel's kprobe
-interfaces and symbol table, tracepoints by tracefs.
+Nothing here looks at the kernel version: fentry is probed by loading a tiny
+program against each function, kprobes by the kernel's kprobe interfaces and
+symbol table, tracepoints by tracefs and the raw syscall tracepoints. Each
+probe declares its own hook groups (its tables live with the probe); this
+module only knows how to check a requirement and pick, per group, the best
+mode whose requirements all hold.
 """
 from __future__ import annotations
 
+import logging
 import os
 import subprocess
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from functools import lru_cache
 
-from ..errors import TracehoundError
+from ..errors import ProbeError, TracehoundError
 from . import libbpf
 from .loader import BpfObject
 
+log = logging.getLogger(__name__)
+
 MODES = ("fentry", "kprobe", "tracepoint")
 TRACEFS = "/sys/kernel/tracing"
-
-
-# enum io_op in probes/common.h
-OPS = ("read", "write", "open", "create", "unlink", "mkdir", "rmdir", "rename", "fsync")
-
-# Syscall mode: two raw tracepoints serve every group; io_config.tp_ops tells
-# them which operations are theirs to count.
-SYSCALL_PROGRAMS = ["tp_sys_enter", "tp_sys_exit"]
-
-
-@dataclass(frozen=True)
-class HookGroup:
-    """Operations that must share a mode so no call is counted twice."""
-    name: str
-    functions: tuple[str, ...]      # VFS functions for fentry/kprobe
-    syscalls: tuple[str, ...]       # the syscalls it covers in tracepoint mode
-    ops: tuple[str, ...]
-    # syscalls the VFS modes count through their own trace events, because a
-    # kernel may inline their whole path past the VFS function
-    syscall_events: tuple[str, ...] = ()
-    modes: tuple[str, ...] = MODES  # the modes it has programs for, best first
-
-    def programs(self, mode: str) -> list[str]:
-        events = [f"sc_{p}_{s}" for s in self.syscall_events for p in ("enter", "exit")]
-        if mode == "fentry":
-            return [f"{p}_{f}" for f in self.functions for p in ("fe", "fx")] + events
-        if mode == "kprobe":
-            return [f"{p}_{f}" for f in self.functions for p in ("kp", "kr")] + events
-        return list(SYSCALL_PROGRAMS)
-
-    @property
-    def op_mask(self) -> int:
-        return sum(1 << OPS.index(op) for op in self.ops)
-
-
-IO_GROUPS = (
-    HookGroup("read", ("vfs_read", "vfs_readv"),
-              ("read", "pread64", "readv", "preadv", "preadv2"), ("read",)),
-    HookGroup("write", ("vfs_write", "vfs_writev"),
-              ("write", "pwrite64", "writev", "pwritev", "pwritev2"), ("write",)),
-    HookGroup("fsync", ("vfs_fsync_range",), ("fsync", "fdatasync"), ("fsync",),
-              syscall_events=("fdatasync",)),
-    HookGroup("open", ("vfs_open",), ("open", "openat", "openat2", "creat"), ("open", "create")),
-    # unlinkat(AT_REMOVEDIR) is an rmdir: both must be hooked the same way.
-    HookGroup("remove", ("vfs_unlink", "vfs_rmdir"), ("unlink", "unlinkat", "rmdir"),
-              ("unlink", "rmdir")),
-    HookGroup("mkdir", ("vfs_mkdir",), ("mkdir", "mkdirat"), ("mkdir",)),
-    HookGroup("rename", ("vfs_rename",), ("rename", "renameat", "renameat2"), ("rename",)),
-)
 
 
 @dataclass
@@ -75,11 +33,40 @@ class ModeCheck:
     reason: str
 
 
+Check = Callable[[], ModeCheck]
+
+
+@dataclass(frozen=True)
+class HookMode:
+    """One way to hook a group: the programs to load and what must hold first."""
+    programs: tuple[str, ...]
+    checks: tuple[Check, ...]
+    summary: str                 # what doctor says when every check passes
+
+
+@dataclass(frozen=True)
+class HookGroup:
+    """Operations that must share a mode so no call is counted twice.
+    `modes` is ordered best first: (mode name, HookMode) pairs."""
+    name: str
+    modes: tuple[tuple[str, HookMode], ...]
+
+    def mode(self, name: str) -> HookMode | None:
+        return dict(self.modes).get(name)
+
+    def programs(self, mode: str) -> tuple[str, ...]:
+        found = self.mode(mode)
+        return found.programs if found else ()
+
+
 @dataclass
 class GroupPlan:
     group: HookGroup
     mode: str | None
     checks: dict[str, ModeCheck] = field(default_factory=dict)
+
+    def why_not(self) -> str:
+        return "; ".join(f"{m}: {c.reason}" for m, c in self.checks.items()) or "not checked"
 
 
 def ensure_tracefs() -> bool:
@@ -135,7 +122,8 @@ def _kprobe_interface() -> str | None:
 
 
 @lru_cache(maxsize=1)
-def _kernel_symbols() -> frozenset[str]:
+def kernel_symbols() -> frozenset[str]:
+    """Function names in /proc/kallsyms (modules included), read once."""
     names = set()
     try:
         with open("/proc/kallsyms") as f:
@@ -152,13 +140,13 @@ def kprobe_check(function: str) -> ModeCheck:
     iface = _kprobe_interface()
     if iface is None:
         return ModeCheck(False, "kernel has no kprobe support (no kprobe PMU, no kprobe_events)")
-    if function not in _kernel_symbols():
+    if function not in kernel_symbols():
         return ModeCheck(False, f"{function} is not a kernel symbol (inlined or renamed)")
     return ModeCheck(True, f"{function} via {iface}")
 
 
 @lru_cache(maxsize=1)
-def _tp_btf_check() -> ModeCheck:
+def tp_btf_check() -> ModeCheck:
     why = _try_load("probe_tp_btf")
     if why:
         return ModeCheck(False, f"tp_btf on raw syscall tracepoints refused: {why}")
@@ -174,30 +162,21 @@ def syscall_event_check(syscall: str) -> ModeCheck:
     return ModeCheck(True, f"syscalls/sys_enter_{syscall}")
 
 
-def tracepoint_check(group: HookGroup) -> ModeCheck:
-    res = _tp_btf_check()
-    if not res.ok:
-        return res
-    return ModeCheck(True, f"{res.reason}: {', '.join(group.syscalls)}")
-
-
-def _check(group: HookGroup, mode: str) -> ModeCheck:
-    if mode == "tracepoint":
-        return tracepoint_check(group)
+def function_checks(mode: str, functions: Sequence[str]) -> tuple[Check, ...]:
+    """The checks for hooking these kernel functions in fentry or kprobe mode."""
     checker = fentry_check if mode == "fentry" else kprobe_check
-    for fn in group.functions:
-        res = checker(fn)
-        if not res.ok:
-            return res
-    for name in group.syscall_events:
-        res = syscall_event_check(name)
-        if not res.ok:
-            return res
-    return ModeCheck(True, ", ".join(group.functions + tuple(
-        f"{s} trace events" for s in group.syscall_events)))
+    return tuple((lambda fn=fn: checker(fn)) for fn in functions)
 
 
-def plan(groups=IO_GROUPS, forced: str = "auto",
+def _check(hook: HookMode) -> ModeCheck:
+    for check in hook.checks:
+        res = check()
+        if not res.ok:
+            return res
+    return ModeCheck(True, hook.summary)
+
+
+def plan(groups: Sequence[HookGroup], forced: str = "auto",
          demoted: dict[str, set[str]] | None = None) -> list[GroupPlan]:
     """Pick a mode per group. `demoted` lists modes that already failed to
     load or attach for a group and must not be picked again."""
@@ -206,14 +185,16 @@ def plan(groups=IO_GROUPS, forced: str = "auto",
     out = []
     for group in groups:
         gp = GroupPlan(group, None)
-        for mode in (group.modes if forced == "auto" else (forced,)):
-            if mode not in group.modes:
+        names = [m for m, _ in group.modes] if forced == "auto" else [forced]
+        for mode in names:
+            hook = group.mode(mode)
+            if hook is None:
                 gp.checks[mode] = ModeCheck(False, f"no {mode} hooks exist for this group")
                 continue
             if mode in demoted.get(group.name, ()):
                 gp.checks[mode] = ModeCheck(False, "failed to load or attach (see log)")
                 continue
-            res = _check(group, mode)
+            res = _check(hook)
             gp.checks[mode] = res
             if res.ok and gp.mode is None:
                 gp.mode = mode
@@ -221,3 +202,37 @@ def plan(groups=IO_GROUPS, forced: str = "auto",
                     break
         out.append(gp)
     return out
+
+
+def load_with_fallback(probe: str, groups: Sequence[HookGroup], forced: str,
+                       load: Callable[[list[GroupPlan]], None], *, every_group: bool,
+                       retries: int = 8) -> list[GroupPlan]:
+    """Plan, then `load(plans)`; a group whose programs the kernel refuses is
+    demoted to its next mode and the whole probe is loaded again.
+
+    every_group: a group left without a mode is an error (the I/O probe must
+    count everything); otherwise the probe runs with the groups that have
+    one, as long as at least one does. A refusal in a forced mode is raised
+    as is when it leaves a required group without a mode."""
+    demoted: dict[str, set[str]] = {}
+    for _ in range(retries):
+        plans = plan(groups, forced, demoted)
+        unusable = [p for p in plans if p.mode is None]
+        if every_group and unusable:
+            p = unusable[0]
+            raise TracehoundError(f"{probe} probe: no usable hook for {p.group.name} ({p.why_not()})")
+        active = [p for p in plans if p.mode]
+        if not active:
+            raise TracehoundError("no usable hook: " + "; ".join(
+                f"{probe}.{p.group.name}: {p.why_not()}" for p in plans))
+        try:
+            load(plans)
+            return plans
+        except ProbeError as exc:
+            failed = next((p for p in active if exc.program in p.group.programs(p.mode)), None)
+            if failed is None or (every_group and forced != "auto"):
+                raise
+            log.warning("%s probe: %s in %s mode failed (%s); trying the next mode",
+                        probe, failed.group.name, failed.mode, exc.reason)
+            demoted.setdefault(failed.group.name, set()).add(failed.mode)
+    raise TracehoundError(f"{probe} probe: gave up after repeated load/attach failures")

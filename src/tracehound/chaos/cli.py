@@ -16,7 +16,7 @@ def err(line: str) -> None:
     print(line, file=sys.stderr, flush=True)
 
 
-def add_parser(sub) -> None:
+def add_parser(sub, hook=None) -> None:
     chaos = sub.add_parser(
         "chaos", help="chaos experiments: apply faults, measure detection (MTTD)",
         description="Chaos Toolkit-compatible experiments with tracehound's fault catalog "

@@ -35,7 +35,6 @@ from prometheus_client.core import (
     InfoMetricFamily,
 )
 
-from ..detect.gpu import GpuDetector
 from ..gpu import nvml as nv
 from ..gpu.device import Gpu, GpuSample, enumerate_gpus, read_sample, running_processes
 from ..gpu.events import EventWatcher
@@ -62,12 +61,12 @@ class GpuCollector:
 
     def __init__(self, nvml, gpus: list[Gpu], lost_at_start: list[Gpu] = (), *,
                  workload_labels: WorkloadLabels | None = None, topology: Topology | None = None,
-                 detector: GpuDetector | None = None, driver_version: str = "",
+                 detector=None, driver_version: str = "",
                  event_wait_ms: int = 500):
         self.nvml = nvml
         self.topology = topology or Topology()
         self.workload_labels = workload_labels or cgroup_workload_labels(self.topology)
-        self.detector = detector or GpuDetector()
+        self.detector = detector      # a detect.gpu.GpuDetector, fed XIDs as they come
         self.driver_version = driver_version
         self.gpus = sorted([*gpus, *lost_at_start], key=lambda g: g.index)
         self._by_index = {g.index: g for g in self.gpus}
@@ -80,8 +79,9 @@ class GpuCollector:
         self._bad_workload_fn = False
         self.events = EventWatcher(nvml, gpus, self._on_event, event_wait_ms)
         self._closed = False
-        for g in self.gpus:
-            self.detector.add_gpu(g.labels)
+        if detector is not None:
+            for g in self.gpus:
+                detector.add_gpu(g.labels)
 
     # -- event thread ------------------------------------------------------
 
@@ -116,7 +116,8 @@ class GpuCollector:
                     procs = self._process_records(running_processes(self.nvml, gpu.handle), {})
                 except nv.GpuLost:
                     pass
-            self.detector.xid(gpu.labels if gpu else UNKNOWN_GPU, data, procs)
+            if self.detector is not None:
+                self.detector.xid(gpu.labels if gpu else UNKNOWN_GPU, data, procs)
 
     # -- workload attribution ------------------------------------------------
 
@@ -146,14 +147,13 @@ class GpuCollector:
         yield from families
 
     def _read_all(self) -> dict[int, GpuSample]:
+        """Samples of the GPUs that answer; a lost GPU is left out."""
         samples = {}
         for gpu in self.gpus:
             try:
                 samples[gpu.index] = read_sample(self.nvml, gpu)
             except nv.GpuLost:
-                self.detector.gpu_lost(gpu.labels, True)
                 continue
-            self.detector.gpu_lost(gpu.labels, False)
         return samples
 
     def _collect(self) -> list:
@@ -161,16 +161,32 @@ class GpuCollector:
         wl_cache: dict[int, dict] = {}
         fams = [*self._identity_families(samples), *self._event_families()]
         fams += _sample_families(samples, self._by_index, self._reasons)
-        fams += self._process_families(samples, wl_cache)
-        for index, s in samples.items():
-            gpu = self._by_index[index]
-            active = {label for label, bit in self._reasons
-                      if s.clock_reasons is not None and s.clock_reasons & bit}
-            self.detector.observe(gpu.labels, uncorrected_ecc=s.uncorrected_ecc(),
-                                  row_remap_failure=s.row_remap_failure, clock_reasons=active,
-                                  processes=self._process_records(s.processes, wl_cache))
-        fams.append(self.detector.family())
+        rows, _ = self._process_rows(samples, wl_cache)
+        fams += _process_families(rows)
         return fams
+
+    def observations(self) -> list[dict]:
+        """What the GPU detector needs of every GPU, read now (its own
+        schedule, not a scrape's): lost or not, ECC, remap, clock reasons,
+        processes and NUMA misplacements."""
+        with self._scrape_lock:
+            samples = self._read_all()
+            wl_cache: dict[int, dict] = {}
+            _, misplaced = self._process_rows(samples, wl_cache)
+            out = []
+            for gpu in self.gpus:
+                s = samples.get(gpu.index)
+                if s is None:
+                    out.append({"labels": gpu.labels, "lost": True})
+                    continue
+                active = {label for label, bit in self._reasons
+                          if s.clock_reasons is not None and s.clock_reasons & bit}
+                out.append({"labels": gpu.labels, "lost": False,
+                            "uncorrected_ecc": s.uncorrected_ecc(),
+                            "row_remap_failure": s.row_remap_failure, "clock_reasons": active,
+                            "processes": self._process_records(s.processes, wl_cache),
+                            "misplaced": misplaced.get(gpu.index, {})})
+        return out
 
     def _identity_families(self, samples: dict[int, GpuSample]):
         info = InfoMetricFamily("tracehound_gpu", "GPUs NVML enumerates.",
@@ -213,11 +229,14 @@ class GpuCollector:
             ev.add_metric([*self._gpu_lv(index), label], n)
         return [xid, ev]
 
-    def _process_families(self, samples, wl_cache):
-        rows = []   # (gpu, pid, used bytes, workload labels, misplaced or None)
+    def _process_rows(self, samples, wl_cache):
+        """Rows (gpu, pid, used bytes, workload labels, misplaced or None),
+        and per GPU index the misplaced processes: pid -> (record, detail)."""
+        rows = []
+        misplaced_by_gpu: dict[int, dict[int, tuple[dict, dict]]] = {}
         for index, s in samples.items():
             gpu = self._by_index[index]
-            misplaced: dict[int, tuple[dict, dict]] = {}
+            misplaced = misplaced_by_gpu.setdefault(index, {})
             for pid, used in sorted(s.processes.items()):
                 wl = self._workload(pid, wl_cache)
                 verdict = None
@@ -231,25 +250,28 @@ class GpuCollector:
                             "cpu_numa_nodes": sorted(self.topology.numa_nodes_of_cpus(placement.cpus)),
                             "mem_numa_nodes": sorted(placement.mems)})
                 rows.append((gpu, pid, used, wl, verdict))
-            self.detector.misplacement(gpu.labels, misplaced)
-        keys = sorted({k for row in rows for k in row[3]})
-        labels = [*GPU_LABELS, "pid", *keys]
-        info = GaugeMetricFamily("tracehound_gpu_process_info",
-                                 "1 for each process holding a GPU context, with its workload.",
-                                 labels=labels)
-        used_fam = GaugeMetricFamily("tracehound_gpu_process_memory_used_bytes",
-                                     "GPU memory a process uses.", labels=labels)
-        mis = GaugeMetricFamily("tracehound_gpu_numa_misplaced",
-                                "1 when a GPU process may run or allocate only on NUMA nodes "
-                                "other than its GPU's.", labels=labels)
-        for gpu, pid, used, wl, verdict in rows:
-            lv = [*_lv(gpu), str(pid), *(wl.get(k, "") for k in keys)]
-            info.add_metric(lv, 1)
-            if used is not None:
-                used_fam.add_metric(lv, used)
-            if verdict is not None:
-                mis.add_metric(lv, int(verdict))
-        return [info, used_fam, mis]
+        return rows, misplaced_by_gpu
+
+
+def _process_families(rows):
+    keys = sorted({k for row in rows for k in row[3]})
+    labels = [*GPU_LABELS, "pid", *keys]
+    info = GaugeMetricFamily("tracehound_gpu_process_info",
+                             "1 for each process holding a GPU context, with its workload.",
+                             labels=labels)
+    used_fam = GaugeMetricFamily("tracehound_gpu_process_memory_used_bytes",
+                                 "GPU memory a process uses.", labels=labels)
+    mis = GaugeMetricFamily("tracehound_gpu_numa_misplaced",
+                            "1 when a GPU process may run or allocate only on NUMA nodes "
+                            "other than its GPU's.", labels=labels)
+    for gpu, pid, used, wl, verdict in rows:
+        lv = [*_lv(gpu), str(pid), *(wl.get(k, "") for k in keys)]
+        info.add_metric(lv, 1)
+        if used is not None:
+            used_fam.add_metric(lv, used)
+        if verdict is not None:
+            mis.add_metric(lv, int(verdict))
+    return [info, used_fam, mis]
 
 
 def _lv(gpu: Gpu) -> list[str]:
@@ -340,7 +362,8 @@ def _discover(nvml, topo: Topology):
 
 
 def open_gpu_collector(workload_labels: WorkloadLabels | None = None, *, nvml=None,
-                       root: str = "/", start: bool = True, event_wait_ms: int = 500):
+                       root: str = "/", start: bool = True, event_wait_ms: int = 500,
+                       detector=None):
     """(GpuCollector, one-line summary) or (None, one-line reason it cannot run).
 
     start=True starts the event thread; the caller owns close().
@@ -354,7 +377,7 @@ def open_gpu_collector(workload_labels: WorkloadLabels | None = None, *, nvml=No
         nv.shutdown(nvml)
         return None, "no NVIDIA GPU found"
     col = GpuCollector(nvml, gpus, lost, workload_labels=workload_labels, topology=topo,
-                       driver_version=driver, event_wait_ms=event_wait_ms)
+                       detector=detector, driver_version=driver, event_wait_ms=event_wait_ms)
     if start:
         col.start()
     summary = f"{len(gpus) + len(lost)} GPU(s), driver {driver or 'unknown'}"

@@ -1,26 +1,19 @@
-"""io_stats map -> Prometheus metric families, read at scrape time.
+"""The I/O probe's decoded counters -> Prometheus metric families, at scrape time.
 
-The value layout mirrors struct io_stats in probes/common.h.
+Values come as flat arrays in struct io_stats' order (probes/io.py decodes
+them); this module only sums them per label set and names them.
 """
 from __future__ import annotations
 
 import array
-import struct
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 
-from ..attribution.cgroups import CgroupResolver
-from ..attribution.resolver import WorkloadResolver
+from ..attribution.owners import Owners
 from ..attribution.workload import WORKLOAD_LABELS
 from ..exporter.series import SeriesBook
 from ..host.mounts import MountTable
-
-OPS = ("read", "write", "open", "create", "unlink", "mkdir", "rmdir", "rename", "fsync")
-HISTS = ("read", "write", "fsync")
-HIST_SLOTS = 32
-N_FIELDS = 2 + 2 * len(OPS) + len(HISTS) + len(HISTS) * HIST_SLOTS
-KEY = struct.Struct("=QII")
-KEY_DEV = 1
+from ..probes.io import HEALTH, HIST_SLOTS, HISTS, KEY_DEV, N_FIELDS, OPS, IoKey
 
 # Exported bucket bounds: 2^k ns for k in 10..31 (1 us .. 2.1 s). Kernel
 # slots below 2^10 ns fold into the first bucket; slot 31 only reaches +Inf.
@@ -87,26 +80,20 @@ def _sample(out: dict, labels: tuple) -> IoSample:
     return sample
 
 
-def decode_value(raw: bytes) -> array.array:
-    a = array.array("Q")
-    a.frombytes(raw[:N_FIELDS * 8])
-    return a
-
-
 class IoCollector:
-    """prometheus_client collector over a loaded IoProbe's maps."""
+    """Collector over a started IoProbe: reads its counters, never its maps."""
 
-    def __init__(self, probe, mounts: MountTable, cgroups: CgroupResolver, max_series: int = 0,
-                 workloads: WorkloadResolver | None = None):
+    name = "io"
+
+    def __init__(self, probe, mounts: MountTable, owners: Owners, max_series: int = 0):
         self.probe = probe
         self.mounts = mounts
-        self.cgroups = cgroups
-        self.workloads = workloads or WorkloadResolver()
+        self.owners = owners
         self.book: SeriesBook[IoSample] = SeriesBook(IoSample, OVERFLOW, max_series)
         self.entries = 0
 
     def mount_labels(self, mnt: int, flags: int) -> tuple[str, str]:
-        # samples() refreshed the table at the start of this scrape
+        # the probe synced the mount table before handing out its counters
         table = self.mounts.by_dev if flags & KEY_DEV else self.mounts.by_id
         m = table.get(mnt)
         if m is None:
@@ -116,42 +103,32 @@ class IoCollector:
             return f"{kind}:{mnt}", "unknown"
         return m.mountpoint, m.fstype
 
-    def _labels(self, cgid: int, mnt: int, flags: int) -> tuple[str, ...]:
-        path = self.cgroups.path(cgid)
-        return (path, *self.mount_labels(mnt, flags), *self.workloads.labels(path))
+    def _labels(self, key: IoKey) -> tuple[str, ...]:
+        path, *workload = self.owners.labels(key.cgroup_id)
+        return (path, *self.mount_labels(key.mnt, key.flags), *workload)
 
-    def samples(self) -> dict[tuple[str, str, str], IoSample]:
-        """Counters to export now per (cgroup, mountpoint, fstype).
+    def samples(self) -> dict[tuple[str, ...], IoSample]:
+        """Counters to export now per label set.
 
         Entries of removed cgroups are read one last time, deleted from the
         kernel map and handed to the series book, which exports them once
         more: no map growth, and every byte is exported."""
-        self.probe.sync_mounts()
-        self.cgroups.new_scrape()
-        stats = self.probe.obj.map("io_stats")
-        live: dict[tuple[str, str, str], IoSample] = {}
-        dead = []
-        items = stats.items()
-        seen: set[int] = set()
-        for k, v in items:
-            cgid, mnt, flags = KEY.unpack(k)
-            seen.add(cgid)
-            if not self.cgroups.alive(cgid):
-                dead.append((k, cgid, mnt, flags))
+        self.owners.new_scrape()
+        items = self.probe.stats()
+        live: dict[tuple[str, ...], IoSample] = {}
+        dead: list[IoKey] = []
+        for key, values in items:
+            if not self.owners.alive(key.cgroup_id):
+                dead.append(key)
                 continue
-            _sample(live, self._labels(cgid, mnt, flags)).add(decode_value(v))
-        retired: dict[tuple[str, str, str], IoSample] = {}
-        for k, cgid, mnt, flags in dead:
-            # dead before this read, so nothing can add to it any more
-            v = stats.lookup(k)
-            if v is not None:
-                _sample(retired, self._labels(cgid, mnt, flags)).add(decode_value(v))
-            stats.delete(k)
+            _sample(live, self._labels(key)).add(values)
+        retired: dict[tuple[str, ...], IoSample] = {}
+        # dead before this read, so nothing can add to them any more
+        for key, values in self.probe.retire(dead):
+            _sample(retired, self._labels(key)).add(values)
         self.entries = len(items) - len(dead)
-        self.cgroups.retain(seen)
-        for cgid in {d[1] for d in dead}:
-            self.workloads.forget(self.cgroups.path(cgid))
-            self.cgroups.forget(cgid)
+        gone = {k.cgroup_id for k in dead}
+        self.owners.retain(self.name, {k.cgroup_id for k, _ in items} - gone, gone)
         return self.book.scrape(live, retired)
 
     def collect(self):
@@ -207,10 +184,9 @@ class IoCollector:
     def _health(self):
         fam = CounterMetricFamily("tracehound_map_full_drops",
                                   "Updates dropped because a BPF map was full.", labels=["map"])
-        m = self.probe.obj.map("io_health")
-        names = ("io_stats", "io_start")
-        for idx, name in enumerate(names):
-            fam.add_metric([name], sum(m.lookup_percpu_u64(struct.pack("I", idx))))
+        drops = self.probe.drops()
+        for name in HEALTH:
+            fam.add_metric([name], drops[name])
         yield fam
         entries = GaugeMetricFamily("tracehound_map_entries",
                                     "Entries in a BPF map after this scrape's clean-up.",

@@ -13,6 +13,7 @@ from typing import Callable
 
 from prometheus_client.core import CounterMetricFamily
 
+from .. import defaults
 from . import log_event, now_iso
 
 KINDS = ("xid", "ecc_uncorrectable", "row_remap_failure", "thermal_slowdown",
@@ -115,6 +116,11 @@ class GpuDetector:
                 self._fire(labels, "numa_misplaced", [proc], **detail)
             self._misplaced[key] = set(misplaced)
 
+    name = "gpu_detector"
+
+    def collect(self):
+        yield self.family()
+
     def family(self) -> CounterMetricFamily:
         fam = CounterMetricFamily("tracehound_gpu_anomalies",
                                   "GPU anomalies detected (one per transition).",
@@ -123,3 +129,28 @@ class GpuDetector:
             for (gpu, uuid, kind), n in sorted(self._counts.items()):
                 fam.add_metric([gpu, uuid, kind], n)
         return fam
+
+
+class GpuWatcher:
+    """Feeds the detector on the agent's detector schedule: `read()` returns
+    one observation per GPU (see GpuCollector.observations)."""
+
+    name = "gpu"
+
+    def __init__(self, read: Callable[[], list[dict]], detector: GpuDetector,
+                 interval: float = defaults.GPU_DETECT_INTERVAL_S):
+        self.read = read
+        self.detector = detector
+        self.interval = interval
+
+    def run_once(self, now: float) -> None:
+        seen = self.read()
+        for o in seen:
+            self.detector.gpu_lost(o["labels"], o["lost"])
+        answering = [o for o in seen if not o["lost"]]
+        for o in answering:
+            self.detector.misplacement(o["labels"], o["misplaced"])
+        for o in answering:
+            self.detector.observe(o["labels"], uncorrected_ecc=o["uncorrected_ecc"],
+                                  row_remap_failure=o["row_remap_failure"],
+                                  clock_reasons=o["clock_reasons"], processes=o["processes"])

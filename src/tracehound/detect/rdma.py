@@ -19,15 +19,15 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
 
 from prometheus_client.core import CounterMetricFamily
 
-from ..collectors.rdma import DESTROY_OPS, RdmaSnapshot, errno_name
-from . import log_event, now_iso as _now_iso
+from .. import defaults
+from ..probes.rdma_maps import DESTROY_OPS, RdmaSnapshot, errno_name
+from . import log_event, now_iso
 
 log = logging.getLogger(__name__)
 
@@ -51,7 +51,7 @@ def pid_alive(pid: int) -> bool:
 
 @dataclass
 class RdmaDetectorConfig:
-    grace_s: float = 10.0          # exited owner / diverged mirror tolerated this long
+    grace_s: float = defaults.RDMA_GRACE_S   # exited owner / diverged mirror tolerated this long
     burst_window_s: float = 10.0
     burst_threshold: int = 1       # errors of one (op, errno) within the window
 
@@ -99,6 +99,11 @@ class RdmaDetector:
         with self._lock:
             return dict(self._counts)
 
+    name = "rdma_detector"
+
+    def collect(self):
+        yield self.metric()
+
     def metric(self) -> CounterMetricFamily:
         fam = CounterMetricFamily("tracehound_rdma_anomalies", "RDMA anomalies detected, by rule.",
                                   labels=["kind"])
@@ -108,7 +113,7 @@ class RdmaDetector:
 
     def _fire(self, kind: str, fired: list, **detail) -> None:
         self._counts[kind] += 1
-        event = {"time": _now_iso(), "event": "rdma_anomaly", "kind": kind, **detail}
+        event = {"time": now_iso(), "event": "rdma_anomaly", "kind": kind, **detail}
         fired.append(event)
         self.emit(event)
 
@@ -203,12 +208,15 @@ class RdmaDetector:
 
 
 class RdmaWatcher:
-    """Feeds the detector from a running RdmaProbe: counters every
-    `interval`, object owners every `object_interval`, and the kernel's own
-    view every `kernel_interval` (it costs a netlink dump per check)."""
+    """Feeds the detector from a running RdmaProbe, on the agent's detector
+    schedule (every `interval`): counters each time, object owners every
+    `object_interval`, and the kernel's own view every `kernel_interval`
+    (it costs a netlink dump per check)."""
+
+    name = "rdma"
 
     def __init__(self, probe, detector: RdmaDetector, kernel_view: Callable[[], dict],
-                 interval: float = 0.25, object_interval: float = 1.0,
+                 interval: float = defaults.RDMA_DETECT_INTERVAL_S, object_interval: float = 1.0,
                  kernel_interval: float = 5.0):
         self.probe = probe
         self.detector = detector
@@ -216,30 +224,9 @@ class RdmaWatcher:
         self.interval = interval
         self.object_interval = object_interval
         self.kernel_interval = kernel_interval
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
         self._next_objects = 0.0
         self._next_kernel = 0.0
         self._kernel_ok = True
-
-    def start(self) -> RdmaWatcher:
-        self._thread = threading.Thread(target=self._run, name="rdma-detector", daemon=True)
-        self._thread.start()
-        return self
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join(timeout=5)
-            self._thread = None
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            try:
-                self.run_once(time.monotonic())
-            except Exception as exc:  # noqa: BLE001 - a bad check must not end detection
-                log.warning("rdma detector: %s", exc)
-            self._stop.wait(self.interval)
 
     def run_once(self, now: float) -> None:
         with_objects = now >= self._next_objects

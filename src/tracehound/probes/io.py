@@ -1,31 +1,131 @@
-"""Loader for io.bpf.o: picks a hook mode per group, loads, attaches, and
-keeps the probe's configuration maps (skip list, mount prefixes) current."""
+"""The I/O probe (io.bpf.o): its hook tables, its map layouts, and the loader
+that picks a hook mode per group, loads, attaches, keeps the configuration
+maps (skip list, mount prefixes) current and reads the counters back.
+
+Nothing outside this module knows io.bpf.o's map names or byte layouts: the
+collector gets decoded (IoKey, values) pairs. Layouts follow io.h; a test
+checks them against the BTF of the built object.
+"""
 from __future__ import annotations
 
+import array
 import logging
 import select
 import struct
 import threading
 from dataclasses import dataclass
+from typing import NamedTuple
 
+from .. import defaults
 from ..bpf import features
-from ..bpf.loader import BpfObject
-from ..errors import ProbeError, TracehoundError
+from ..bpf.features import HookGroup, HookMode
+from ..bpf.layout import EnumLayout, Layout
+from ..bpf.loader import BpfObject, Map
 from ..host.mounts import DEFAULT_SKIP_FSTYPES, MountTable
 from . import object_path
 
 log = logging.getLogger(__name__)
 
+# enum io_op and enum io_hist in io.h
+OPS = ("read", "write", "open", "create", "unlink", "mkdir", "rmdir", "rename", "fsync")
+HISTS = ("read", "write", "fsync")
+HIST_SLOTS = 32
+# struct io_stats: bytes[2], calls[OP_MAX], errors[OP_MAX], lat_sum_ns[HIST_MAX],
+# hist[HIST_MAX][HIST_SLOTS], all __u64
+N_FIELDS = 2 + 2 * len(OPS) + len(HISTS) + len(HISTS) * HIST_SLOTS
+KEY_DEV = 1                          # IO_KEY_DEV: mnt holds a device number
+HEALTH = ("io_stats", "io_start")    # enum io_health: which map was full
 FSTYPE_LEN = 16
 PATH_LEN = 256
-MAX_RETRIES = 8
+
+# io.h as Python sees it; tests/unit/test_layouts.py checks these against
+# the BTF of the built io.bpf.o
+OBJECT = "io"
+IO_KEY = Layout("io_key", [("cgroup_id", "Q"), ("mnt", "I"), ("flags", "I")])
+IO_STATS = Layout("io_stats", [
+    ("bytes", "Q", 2), ("calls", "Q", len(OPS)), ("errors", "Q", len(OPS)),
+    ("lat_sum_ns", "Q", len(HISTS)), ("hist", "Q", len(HISTS) * HIST_SLOTS)])
+LAYOUTS = (
+    IO_KEY, IO_STATS,
+    Layout("io_config", [("agent_mnt_ns", "I"), ("tp_ops", "I")]),
+    Layout("fstype_name", [("name", f"{FSTYPE_LEN}s")]),
+    Layout("mnt_lpm_key", [("prefixlen", "I"), ("path", f"{PATH_LEN}s")]),
+    Layout("mnt_lpm_value", [("mnt_id", "I"), ("skip", "I")]),
+    EnumLayout("io_op", OPS, "OP_", stop="OP_MAX"),
+    EnumLayout("io_hist", HISTS, "HIST_", stop="HIST_MAX"),
+    EnumLayout("io_health", tuple(m.removeprefix("io_") + "_full" for m in HEALTH),
+               "HEALTH_", stop="HEALTH_MAX"),
+)
+KEY = IO_KEY.struct
+
+# Syscall mode: two raw tracepoints serve every group; io_config.tp_ops tells
+# them which operations are theirs to count.
+SYSCALL_PROGRAMS = ("tp_sys_enter", "tp_sys_exit")
+
+
+class IoKey(NamedTuple):
+    cgroup_id: int
+    mnt: int        # a mount id, or a device number when flags & KEY_DEV
+    flags: int
+
+
+def _group(name: str, functions: tuple[str, ...], syscalls: tuple[str, ...],
+           syscall_events: tuple[str, ...] = ()) -> HookGroup:
+    """`syscall_events`: syscalls the VFS modes count through their own trace
+    events, because a kernel may inline their whole path past the VFS function."""
+    events = tuple(f"sc_{p}_{s}" for s in syscall_events for p in ("enter", "exit"))
+    event_checks = tuple((lambda s=s: features.syscall_event_check(s)) for s in syscall_events)
+    summary = ", ".join(functions + tuple(f"{s} trace events" for s in syscall_events))
+
+    def vfs(mode: str, entry: str, exit_: str) -> HookMode:
+        programs = tuple(f"{p}_{f}" for f in functions for p in (entry, exit_)) + events
+        return HookMode(programs, features.function_checks(mode, functions) + event_checks,
+                        summary)
+
+    def tracepoint() -> features.ModeCheck:
+        res = features.tp_btf_check()
+        return res if not res.ok else features.ModeCheck(True, f"{res.reason}: {', '.join(syscalls)}")
+
+    return HookGroup(name, (
+        ("fentry", vfs("fentry", "fe", "fx")),
+        ("kprobe", vfs("kprobe", "kp", "kr")),
+        ("tracepoint", HookMode(SYSCALL_PROGRAMS, (tracepoint,), "")),
+    ))
+
+
+GROUPS = (
+    _group("read", ("vfs_read", "vfs_readv"), ("read", "pread64", "readv", "preadv", "preadv2")),
+    _group("write", ("vfs_write", "vfs_writev"),
+           ("write", "pwrite64", "writev", "pwritev", "pwritev2")),
+    _group("fsync", ("vfs_fsync_range",), ("fsync", "fdatasync"), syscall_events=("fdatasync",)),
+    _group("open", ("vfs_open",), ("open", "openat", "openat2", "creat")),
+    # unlinkat(AT_REMOVEDIR) is an rmdir: both must be hooked the same way.
+    _group("remove", ("vfs_unlink", "vfs_rmdir"), ("unlink", "unlinkat", "rmdir")),
+    _group("mkdir", ("vfs_mkdir",), ("mkdir", "mkdirat")),
+    _group("rename", ("vfs_rename",), ("rename", "renameat", "renameat2")),
+)
+# the operations each group counts (its bits in io_config.tp_ops)
+GROUP_OPS = {"read": ("read",), "write": ("write",), "fsync": ("fsync",),
+             "open": ("open", "create"), "remove": ("unlink", "rmdir"),
+             "mkdir": ("mkdir",), "rename": ("rename",)}
+
+
+def op_mask(group: str) -> int:
+    return sum(1 << OPS.index(op) for op in GROUP_OPS[group])
+
+
+def decode_values(raw: bytes) -> array.array:
+    """struct io_stats as one flat array of u64, in the kernel's order."""
+    a = array.array("Q")
+    a.frombytes(raw[:N_FIELDS * 8])
+    return a
 
 
 @dataclass
 class IoProbeConfig:
-    hook_mode: str = "auto"
+    hook_mode: str = defaults.HOOK_MODE
     skip_fstypes: tuple[str, ...] = DEFAULT_SKIP_FSTYPES
-    max_entries: int = 8192
+    max_entries: int = defaults.IO_MAX_ENTRIES
 
 
 class IoProbe:
@@ -39,41 +139,20 @@ class IoProbe:
         self.obj: BpfObject | None = None
         self.plans: list[features.GroupPlan] = []
         self._lpm_keys: set[bytes] = set()
+        self._maps: dict[str, Map] = {}
         self._lock = threading.Lock()
         self._watcher: threading.Thread | None = None
         self._stop = threading.Event()
 
     # -- lifecycle --------------------------------------------------------
     def start(self) -> "IoProbe":
-        demoted: dict[str, set[str]] = {}
-        for _ in range(MAX_RETRIES):
-            self.plans = features.plan(features.IO_GROUPS, self.config.hook_mode, demoted)
-            unusable = [p for p in self.plans if p.mode is None]
-            if unusable:
-                p = unusable[0]
-                why = "; ".join(f"{m}: {c.reason}" for m, c in p.checks.items())
-                raise TracehoundError(f"io probe: no usable hook for {p.group.name} ({why})")
-            try:
-                self._load_and_attach()
-                return self
-            except ProbeError as exc:
-                group = self._group_of(exc.program)
-                if self.config.hook_mode != "auto" or group is None:
-                    raise
-                mode = next(p.mode for p in self.plans if p.group.name == group)
-                log.warning("io probe: %s in %s mode failed (%s); trying the next mode",
-                            group, mode, exc.reason)
-                demoted.setdefault(group, set()).add(mode)
-        raise TracehoundError("io probe: gave up after repeated load/attach failures")
+        self.plans = features.load_with_fallback(
+            "io", GROUPS, self.config.hook_mode, self._load_and_attach, every_group=True)
+        return self
 
-    def _group_of(self, program: str) -> str | None:
-        for p in self.plans:
-            if program in p.group.programs(p.mode):
-                return p.group.name
-        return None
-
-    def _load_and_attach(self) -> None:
+    def _load_and_attach(self, plans: list[features.GroupPlan]) -> None:
         self.close()
+        self.plans = plans
         obj = BpfObject(object_path("io"))
         try:
             wanted = set()
@@ -84,12 +163,17 @@ class IoProbe:
             obj.map("io_stats").set_max_entries(self.config.max_entries)
             obj.load()
             self.obj = obj
+            # held for the probe's life: a Map remembers whether batch lookups work
+            self._maps = {name: obj.map(name) for name in
+                          ("io_stats", "io_health", "io_config", "skip_fstypes", "mnt_cache",
+                           "mounts_by_path")}
             self._configure()
             obj.attach_all()
             self._start_watcher()
         except BaseException:
             obj.close()
             self.obj = None
+            self._maps = {}
             raise
 
     def close(self) -> None:
@@ -98,6 +182,7 @@ class IoProbe:
             self._watcher.join(timeout=2)
             self._watcher = None
         with self._lock:
+            self._maps = {}
             if self.obj is not None:
                 self.obj.close()
                 self.obj = None
@@ -130,12 +215,12 @@ class IoProbe:
 
     # -- configuration maps ----------------------------------------------
     def _configure(self) -> None:
-        skip = self.obj.map("skip_fstypes")
+        skip = self._maps["skip_fstypes"]
         for name in self.config.skip_fstypes:
             raw = name.encode()[:FSTYPE_LEN - 1]
             skip.update(raw.ljust(FSTYPE_LEN, b"\0"), b"\1")
-        tp_ops = sum(p.group.op_mask for p in self.plans if p.mode == "tracepoint")
-        self.obj.map("io_config").update(
+        tp_ops = sum(op_mask(p.group.name) for p in self.plans if p.mode == "tracepoint")
+        self._maps["io_config"].update(
             struct.pack("I", 0), struct.pack("II", self.mounts.mount_namespace_inode(), tp_ops))
         self.sync_mounts(force=True)
 
@@ -147,10 +232,10 @@ class IoProbe:
 
     def _sync_lpm(self) -> None:
         # Unmounted vfsmount addresses may be reused: forget cached ids.
-        cache = self.obj.map("mnt_cache")
+        cache = self._maps["mnt_cache"]
         for key in list(cache.keys()):
             cache.delete(key)
-        lpm = self.obj.map("mounts_by_path")
+        lpm = self._maps["mounts_by_path"]
         skip = set(self.config.skip_fstypes)
         wanted: dict[bytes, bytes] = {}
         for m in self.mounts.mounts:  # later mounts hide earlier ones at the same point
@@ -163,6 +248,33 @@ class IoProbe:
         for key, value in wanted.items():
             lpm.update(key, value)
         self._lpm_keys = set(wanted)
+
+    # -- reading ------------------------------------------------------------
+    def stats(self) -> list[tuple[IoKey, array.array]]:
+        """Every (cgroup, mount) entry of the counters, decoded. The mount
+        table is synced first, so every mount id read has its name."""
+        self.sync_mounts()
+        return [(IoKey(*KEY.unpack(k)), decode_values(v))
+                for k, v in self._maps["io_stats"].items()]
+
+    def retire(self, keys: list[IoKey]) -> list[tuple[IoKey, array.array]]:
+        """Read these entries one last time and delete them (their cgroup is
+        gone, so nothing can add to them any more)."""
+        stats = self._maps["io_stats"]
+        out = []
+        for key in keys:
+            raw = KEY.pack(*key)
+            v = stats.lookup(raw)
+            if v is not None:
+                out.append((key, decode_values(v)))
+            stats.delete(raw)
+        return out
+
+    def drops(self) -> dict[str, int]:
+        """Updates lost because a map was full, by map name (summed over CPUs)."""
+        health = self._maps["io_health"]
+        return {name: sum(health.lookup_percpu_u64(struct.pack("I", i)))
+                for i, name in enumerate(HEALTH)}
 
     # -- reporting ------------------------------------------------------------
     def modes(self) -> dict[str, str]:

@@ -20,7 +20,7 @@
  *             ib_uverbs_qp_event_handler (QP events of user QPs)
  * fe_/fx_ programs are fentry/fexit; kp_/kr_ the kprobe/kretprobe fallback,
  * which keeps what an exit needs from the entry in rdma_pending.
- * Layouts of keys and values are mirrored in tracehound/collectors/rdma.py.
+ * Layouts of keys and values are in rdma.h, the contract with probes/rdma.py.
  */
 #include "rdma_types.h"
 #include <linux/bpf.h>
@@ -30,6 +30,7 @@
 #include <bpf/bpf_helpers.h>
 #include <bpf/bpf_tracing.h>
 #include <bpf/bpf_core_read.h>
+#include "rdma.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -38,54 +39,8 @@ char LICENSE[] SEC("license") = "GPL";
 #define QP_STATES 8
 #define INVOKE_WRITE_MAX_ATTRS 8
 
-/* Object types as userspace sees them; the kernel's enum is translated
- * through CO-RE so a reordering there cannot mislabel objects. */
-enum obj_type { OBJ_PD, OBJ_CQ, OBJ_QP, OBJ_CM_ID, OBJ_MR, OBJ_CTX, OBJ_SRQ, OBJ_OTHER = 255 };
-
-enum rdma_op {
-	OP_CREATE_CTX, OP_ALLOC_PD, OP_CREATE_CQ, OP_CREATE_QP, OP_REG_MR, OP_CREATE_SRQ,
-	OP_DEALLOC_PD, OP_DESTROY_CQ, OP_DESTROY_QP, OP_DEREG_MR, OP_DESTROY_SRQ,
-	OP_MODIFY_QP, OP_UMEM_GET, OP_NONE = 255,
-};
-
-enum rdma_health { H_OBJECTS_FULL, H_UNKNOWN_DEL, H_PENDING_FULL, H_MAX };
-
 /* rdma_pending slots: one per hook that may nest inside another on a thread */
 enum pending_slot { SLOT_ADD, SLOT_IOCTL, SLOT_WRITE, SLOT_MODIFY };
-
-#define OBJ_F_USER 1           /* owned by a process (else by a kernel module) */
-#define OBJ_F_SEEDED 2         /* set by userspace: present before the probe attached */
-
-struct rdma_obj_key {
-	__u32 dev;
-	__u32 type;
-	__u32 id;
-	__u32 pad;
-};
-
-struct rdma_obj {
-	__u64 cgroup_id;
-	__u64 created_ns;      /* CLOCK_MONOTONIC; 0 when seeded by userspace */
-	__u32 tgid;
-	__u32 flags;
-	char comm[16];         /* owner's comm, or the creating module's name */
-};
-
-struct verb_key {
-	__u32 op;
-	__u32 err;             /* positive errno, 0 for success */
-};
-
-struct event_key {
-	__u32 dev;
-	__u32 port;
-	__u32 event;
-	__u32 pad;
-};
-
-struct dev_name {
-	char name[64];
-};
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);

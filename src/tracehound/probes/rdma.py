@@ -14,7 +14,12 @@ from dataclasses import dataclass
 from ..attribution.procs import cgroup_v2_path
 from ..bpf import features, libbpf
 from ..bpf.loader import BpfObject, Map
-from ..collectors.rdma import (
+from .. import defaults
+from ..errors import TracehoundError
+from ..host import rdma as rdma_host
+from . import object_path
+from .rdma_maps import (
+    MAPS,
     OBJ_F_SEEDED,
     OBJ_F_USER,
     OBJ_KEY,
@@ -25,18 +30,12 @@ from ..collectors.rdma import (
     encode_object,
     read_snapshot,
 )
-from ..errors import ProbeError, TracehoundError
-from ..host import rdma as rdma_host
-from . import object_path
 
 log = logging.getLogger(__name__)
 
 MODES = ("fentry", "kprobe")
-MAX_RETRIES = 6
 PIN_DIR = "/sys/fs/bpf/tracehound"
 OBJECTS_PIN = os.path.join(PIN_DIR, "rdma_objects")
-MAPS = ("rdma_objects", "rdma_verbs", "rdma_events", "rdma_qp_states", "rdma_health",
-        "rdma_devices")
 BPF_NOEXIST = 1
 
 # Kernel function -> (its programs in fentry mode, in kprobe mode). Exit-only
@@ -59,15 +58,13 @@ HOOKS = {
 }
 
 
-@dataclass(frozen=True)
-class RdmaHookGroup(features.HookGroup):
-    def programs(self, mode: str) -> list[str]:
+def _group(name: str, *functions: str) -> features.HookGroup:
+    def hooks(mode: str) -> features.HookMode:
         side = 0 if mode == "fentry" else 1
-        return [f"{p}_{fn}" for fn in self.functions for p in HOOKS[fn][side].split()]
-
-
-def _group(name: str, *functions: str) -> RdmaHookGroup:
-    return RdmaHookGroup(name, functions, (), (), modes=MODES)
+        programs = tuple(f"{p}_{fn}" for fn in functions for p in HOOKS[fn][side].split())
+        return features.HookMode(programs, features.function_checks(mode, functions),
+                                 ", ".join(functions))
+    return features.HookGroup(name, tuple((mode, hooks(mode)) for mode in MODES))
 
 
 # Hooked where the kernel has them, never required: stable kernels that
@@ -76,7 +73,7 @@ def _group(name: str, *functions: str) -> RdmaHookGroup:
 OPTIONAL = ("rdma_restrack_commit_del",)
 
 
-def rdma_groups(present=None) -> tuple[RdmaHookGroup, ...]:
+def rdma_groups(present=None) -> tuple[features.HookGroup, ...]:
     """The hook groups for this kernel. ib_core alone serves the tracker
     mirror and device events; everything user verbs do needs ib_uverbs too,
     so a kernel-only RDMA user (NFS over RDMA, iSER) still gets the first two."""
@@ -94,7 +91,7 @@ def rdma_groups(present=None) -> tuple[RdmaHookGroup, ...]:
 
 def kernel_functions(names) -> set[str]:
     """Which of these functions the running kernel (modules included) has."""
-    return set(names) & features._kernel_symbols()
+    return set(names) & features.kernel_symbols()
 
 
 def subsystem_absent() -> str | None:
@@ -106,9 +103,9 @@ def subsystem_absent() -> str | None:
 
 @dataclass
 class RdmaProbeConfig:
-    hook_mode: str = "auto"
+    hook_mode: str = defaults.HOOK_MODE
     cgroup_root: str | None = None   # to attribute seeded objects
-    max_objects: int = 16384
+    max_objects: int = defaults.RDMA_MAX_OBJECTS
 
 
 class RdmaProbe:
@@ -145,35 +142,14 @@ class RdmaProbe:
         forced = self.config.hook_mode
         if forced not in ("auto", *MODES):
             raise TracehoundError(f"hook mode {forced} has no RDMA hooks (use auto, fentry or kprobe)")
-        groups = rdma_groups()
-        demoted: dict[str, set[str]] = {}
-        for _ in range(MAX_RETRIES):
-            self.plans = features.plan(groups, forced, demoted)
-            active = [p for p in self.plans if p.mode]
-            if not active:
-                raise TracehoundError("no usable hook: " + "; ".join(
-                    f"rdma.{p.group.name}: {self.why_not(p)}" for p in self.plans))
-            try:
-                self._load_and_attach(active)
-                break
-            except ProbeError as exc:
-                plan = next((p for p in active if exc.program in p.group.programs(p.mode)), None)
-                if plan is None:
-                    raise
-                log.warning("rdma probe: %s in %s mode failed (%s); trying the next mode",
-                            plan.group.name, plan.mode, exc.reason)
-                demoted.setdefault(plan.group.name, set()).add(plan.mode)
-        else:
-            raise TracehoundError("rdma probe: gave up after repeated load/attach failures")
+        self.plans = features.load_with_fallback("rdma", rdma_groups(), forced,
+                                                 self._load_and_attach, every_group=False)
         self._seed()
         self._pin()
 
-    @staticmethod
-    def why_not(plan: features.GroupPlan) -> str:
-        return "; ".join(f"{m}: {c.reason}" for m, c in plan.checks.items()) or "not checked"
-
-    def _load_and_attach(self, active: list[features.GroupPlan]) -> None:
+    def _load_and_attach(self, plans: list[features.GroupPlan]) -> None:
         self.close()
+        active = [p for p in plans if p.mode]
         obj = BpfObject(object_path("rdma"))
         try:
             wanted = {name for p in active for name in p.group.programs(p.mode)}
@@ -278,7 +254,7 @@ class RdmaProbe:
         """Groups left without a hook while the others run, and why."""
         if not self.available:
             return {}
-        return {f"rdma.{p.group.name}": self.why_not(p) for p in self.plans if not p.mode}
+        return {f"rdma.{p.group.name}": p.why_not() for p in self.plans if not p.mode}
 
 
 class PinnedObjects:
@@ -311,5 +287,5 @@ def doctor_line(hook_mode: str = "auto") -> str:
         return f"rdma         -> not available ({object_path('rdma')} is missing: rebuild the probes)"
     plans = features.plan(rdma_groups(), hook_mode)
     chosen = ", ".join(f"{p.group.name} {p.mode or 'NONE'}" for p in plans)
-    why = "; ".join(f"{p.group.name}: {RdmaProbe.why_not(p)}" for p in plans if not p.mode)
+    why = "; ".join(f"{p.group.name}: {p.why_not()}" for p in plans if not p.mode)
     return f"rdma         -> {chosen}" + (f" ({why})" if why else "")

@@ -13,7 +13,7 @@ from .source import DEFAULT_URL, MetricsSource, PrometheusSource
 from .state import ViewState
 
 
-def add_parser(sub) -> None:
+def add_parser(sub, hook=None) -> None:
     p = sub.add_parser(
         "top", help="live per-workload I/O, RDMA and GPU view of an agent or Prometheus",
         description="A sortable live view, one row per workload (Slurm job, pod, VM, unit, "

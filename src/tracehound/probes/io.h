@@ -1,8 +1,8 @@
-/* Shared between the BPF probes and (by convention, mirrored in Python) the
- * collectors that decode their maps. Keep the layouts in sync with
- * tracehound/collectors/io.py. */
-#ifndef TRACEHOUND_COMMON_H
-#define TRACEHOUND_COMMON_H
+/* The I/O probe's map layout contract: shared by io.bpf.c and its hook
+ * files, read by tracehound/probes/io.py, whose LAYOUTS a test checks against
+ * the BTF of the built object. */
+#ifndef TRACEHOUND_IO_H
+#define TRACEHOUND_IO_H
 
 enum io_op {
 	OP_READ = 0,

@@ -11,8 +11,8 @@ import time
 from dataclasses import dataclass
 
 from ..attribution.procs import cgroup_v2_path
-from . import rdma as kernel_view
-from .mounts import MountTable
+from ..host import rdma as kernel_view
+from ..host.mounts import MountTable
 
 
 @dataclass
@@ -74,7 +74,7 @@ def build_view(kernel_objects, mirror_objects, devices: dict[int, str], pid: int
 
 def process_view(pid: int | None = None) -> ProcessView:
     """Both views of `pid` (of every process when None), read now."""
-    from ..collectors.rdma import decode_object
+    from ..probes.rdma_maps import decode_object
     from ..errors import TracehoundError
     from ..probes.rdma import PinnedObjects
 
@@ -152,7 +152,7 @@ def format_view(view: ProcessView) -> str:
     return "\n".join(lines)
 
 
-def add_parser(sub) -> None:
+def add_parser(sub, hook=None) -> None:
     rdma = sub.add_parser("rdma", help="RDMA objects: the kernel's tracker beside the agent's mirror")
     actions = rdma.add_subparsers(dest="rdma_command", metavar="ACTION", required=True)
     show = actions.add_parser("show", help="list live RDMA objects, per process",

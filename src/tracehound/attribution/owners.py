@@ -1,0 +1,72 @@
+"""Who owns a kernel object: cgroup id -> cgroup path -> workload labels,
+shared by every subsystem of the agent.
+
+Each subsystem says which cgroup ids it still refers to (`retain`); this is
+the one place that decides when a removed cgroup's path and its cached
+workload are forgotten: once no subsystem refers to it any more. Before, the
+I/O scrape alone decided, so the RDMA side kept a resolver of its own.
+"""
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterable
+
+from .cgroups import CgroupResolver
+from .procs import cgroup_v2_path
+from .resolver import WorkloadResolver
+
+
+class Owners:
+    """Thread-safe: scrapes and detectors on their own threads share it."""
+
+    def __init__(self, cgroups: CgroupResolver, workloads: WorkloadResolver):
+        self.cgroups = cgroups
+        self.workloads = workloads
+        self._refs: dict[str, frozenset[int]] = {}
+        self._lock = threading.RLock()
+
+    @property
+    def root(self) -> str:
+        return self.cgroups.root
+
+    def new_scrape(self) -> None:
+        """Allow one rescan of the cgroup tree for ids first met from now on."""
+        with self._lock:
+            self.cgroups.new_scrape()
+
+    def alive(self, cgroup_id: int) -> bool:
+        with self._lock:
+            return self.cgroups.alive(cgroup_id)
+
+    def path(self, cgroup_id: int) -> str:
+        with self._lock:
+            return self.cgroups.path(cgroup_id)
+
+    def workload(self, path: str) -> tuple[str, ...]:
+        """Workload label values (WORKLOAD_LABELS order) of a cgroup path."""
+        with self._lock:
+            return self.workloads.labels(path)
+
+    def labels(self, cgroup_id: int) -> tuple[str, ...]:
+        """(cgroup path, *workload label values)."""
+        with self._lock:
+            path = self.cgroups.path(cgroup_id)
+            return (path, *self.workloads.labels(path))
+
+    def of_pid(self, pid: int) -> dict[str, str]:
+        """cgroup and workload labels of a process (for per-process series)."""
+        path = cgroup_v2_path(pid) or "unknown"
+        with self._lock:
+            return {"cgroup": path, **self.workloads.resolve(path).as_dict()}
+
+    def retain(self, user: str, cgroup_ids: Iterable[int], gone: Iterable[int] = ()) -> None:
+        """`user` (a subsystem) refers to these ids now, and to no others;
+        `gone` are ids it found removed (their last values are exported)."""
+        with self._lock:
+            self._refs[user] = frozenset(cgroup_ids)
+            in_use = frozenset().union(*self._refs.values())
+            for cgid in set(gone) - in_use:
+                self.workloads.forget(self.cgroups.path(cgid))
+                self.cgroups.forget(cgid)
+            for _ino, path in self.cgroups.retain(in_use):
+                self.workloads.forget(path)

@@ -1,0 +1,50 @@
+"""`tracehound doctor`: what this host offers, what each subsystem would use, and why."""
+from __future__ import annotations
+
+from .. import preflight
+from ..bpf import features
+from ..errors import TracehoundError
+from ..host.mounts import MountTable
+from ..subsystems import SUBSYSTEMS
+
+
+def _line(ok: bool, what: str, detail: str) -> str:
+    return f"  [{'ok' if ok else '!!'}] {what:<14} {detail}"
+
+
+def doctor(hook_mode: str = "auto", out=print, subsystems=SUBSYSTEMS) -> int:
+    problems = 0
+    out("host:")
+    for what, check in (("root", preflight.check_root), ("libbpf", preflight.check_libbpf),
+                        ("btf", preflight.check_btf)):
+        try:
+            check()
+            out(_line(True, what, "present"))
+        except TracehoundError as exc:
+            out(_line(False, what, str(exc)))
+            problems += 1
+    # subsystems without BPF probes (GPU) can be checked all the same
+    sections = [s for s in subsystems if not problems or not s.needs_bpf]
+    if problems:
+        out("fix the problems above first; probes cannot be checked without them")
+    else:
+        tracefs = features.ensure_tracefs()
+        out(_line(tracefs, "tracefs", features.TRACEFS if tracefs else "not mounted and mount failed"))
+        cg = MountTable().cgroup2_root()
+        out(_line(cg is not None, "cgroup v2", cg or "not mounted: per-cgroup attribution impossible"))
+        problems += (not tracefs) + (cg is None)
+        out(f"probes (hook mode: {hook_mode}):")
+    for s in sections:
+        report = s.doctor(hook_mode)
+        for line in report.lines:
+            out(line)
+        problems += report.problems
+    return 1 if problems else 0
+
+
+def add_parser(sub, hook) -> None:
+    p = sub.add_parser("doctor", parents=[hook], help="show which hooks this kernel offers and why",
+                       description="Check the host (root, BTF, libbpf, tracefs, cgroup v2) and show, "
+                                   "per probe, which hook mode would be used and why the others "
+                                   "are not.")
+    p.set_defaults(handler=lambda args: doctor(args.hook_mode))

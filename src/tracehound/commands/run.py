@@ -1,0 +1,56 @@
+"""`tracehound run`: the agent's flags, checked, into an AgentConfig."""
+from __future__ import annotations
+
+from .. import defaults
+from ..errors import TracehoundError
+from ..host.mounts import DEFAULT_SKIP_FSTYPES
+
+
+def _fstypes(value: str) -> tuple[str, ...]:
+    return tuple(x.strip() for x in value.split(",") if x.strip())
+
+
+def add_parser(sub, hook) -> None:
+    run = sub.add_parser("run", parents=[hook], help="run the agent and its metrics exporter",
+                         description="Load the probes and serve Prometheus metrics until "
+                                     "SIGINT/SIGTERM. Needs root.")
+    run.add_argument("--listen", default=defaults.LISTEN, metavar="HOST:PORT",
+                     help=f"exporter address (default {defaults.LISTEN})")
+    run.add_argument("--skip-fstypes", type=_fstypes, default=DEFAULT_SKIP_FSTYPES,
+                     metavar="LIST", help="comma-separated file-system types not to count "
+                     "(default: pseudo file systems: proc, sysfs, cgroup, devtmpfs, pipes, sockets...)")
+    run.add_argument("--count-all-fstypes", action="store_true",
+                     help="count every file system, pseudo ones included")
+    run.add_argument("--max-entries", type=int, default=defaults.IO_MAX_ENTRIES, metavar="N",
+                     help="capacity of the (cgroup, mount) table in the kernel "
+                          f"(default {defaults.IO_MAX_ENTRIES})")
+    run.add_argument("--pod-logs-dir", default=defaults.POD_LOGS_DIR, metavar="DIR",
+                     help="the kubelet's pod log directory, which names pods by uid "
+                          f"(default {defaults.POD_LOGS_DIR})")
+    run.add_argument("--kubelet-url", metavar="URL",
+                     help="also ask the kubelet's /pods endpoint for pod and container names, "
+                          "e.g. https://127.0.0.1:10250/pods (off by default)")
+    run.add_argument("--mountinfo", default=defaults.MOUNTINFO, metavar="PATH",
+                     help="mount table to label mounts with (default: the agent's own); in a "
+                          "container with the host's PID namespace use /proc/1/mountinfo")
+    run.add_argument("--max-series", type=int, default=defaults.MAX_SERIES, metavar="N",
+                     help="most label sets per metric family; the rest are summed into one "
+                          f"series labelled __overflow__ (default {defaults.MAX_SERIES}, 0: no limit)")
+    run.add_argument("--rdma-grace", type=float, default=defaults.RDMA_GRACE_S, metavar="SECONDS",
+                     help="how long RDMA objects may outlive their process, or the mirror "
+                          f"disagree with the kernel, before it is an anomaly "
+                          f"(default {defaults.RDMA_GRACE_S:g})")
+    run.set_defaults(handler=_run)
+
+
+def _run(args) -> int:
+    from ..agent import run
+    from ..config import AgentConfig
+    if args.max_entries < 1:
+        raise TracehoundError("--max-entries must be at least 1")
+    if args.max_series < 0:
+        raise TracehoundError("--max-series must be 0 (no limit) or more")
+    skip = () if args.count_all_fstypes else args.skip_fstypes
+    return run(AgentConfig(args.listen, args.hook_mode, skip, args.max_entries, args.max_series,
+                           args.pod_logs_dir, args.kubelet_url, rdma_grace_s=args.rdma_grace,
+                           mountinfo=args.mountinfo))

@@ -1,0 +1,20 @@
+"""The agent's configuration, as `tracehound run` fills it from its flags."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from . import defaults
+from .host.mounts import DEFAULT_SKIP_FSTYPES
+
+
+@dataclass
+class AgentConfig:
+    listen: str = defaults.LISTEN
+    hook_mode: str = defaults.HOOK_MODE
+    skip_fstypes: tuple[str, ...] = DEFAULT_SKIP_FSTYPES
+    max_entries: int = defaults.IO_MAX_ENTRIES
+    max_series: int = defaults.MAX_SERIES
+    pod_logs_dir: str = defaults.POD_LOGS_DIR
+    kubelet_url: str | None = None
+    mountinfo: str = defaults.MOUNTINFO
+    rdma_grace_s: float = defaults.RDMA_GRACE_S

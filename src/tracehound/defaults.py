@@ -1,0 +1,27 @@
+"""Every default the agent, its commands and its subsystems share, in one place.
+
+The command line, AgentConfig, the probes' own configurations and the help
+texts all read these, so a changed default changes everywhere at once.
+"""
+from __future__ import annotations
+
+LISTEN = "127.0.0.1:9560"
+HOOK_MODE = "auto"
+MOUNTINFO = "/proc/self/mountinfo"
+
+# capacity of the I/O probe's (cgroup, mount) table in the kernel
+IO_MAX_ENTRIES = 8192
+# label sets per metric family before the rest fold into __overflow__ (0: no cap)
+MAX_SERIES = 10000
+# capacity of the RDMA probe's mirror of the kernel's resource tracker
+RDMA_MAX_OBJECTS = 16384
+# how long RDMA objects may outlive their process, or the mirror disagree
+# with the kernel, before it is an anomaly
+RDMA_GRACE_S = 10.0
+
+POD_LOGS_DIR = "/var/log/pods"
+CONTAINER_LOGS_DIR = "/var/log/containers"
+
+# how often each subsystem's detector looks, independent of scrapes
+RDMA_DETECT_INTERVAL_S = 0.25
+GPU_DETECT_INTERVAL_S = 5.0

@@ -1,0 +1,51 @@
+"""I/O: the VFS/syscall probe and its per-(cgroup, mount) counters."""
+from __future__ import annotations
+
+import os
+
+from ..bpf import features
+from ..collectors.io import IoCollector
+from ..probes import object_path
+from ..probes.io import GROUPS, IoProbe, IoProbeConfig
+from .base import DoctorReport, Subsystem, mode_lines
+
+
+class IoSubsystem(Subsystem):
+    name = "io"
+    required = True
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        c = ctx.config
+        self.probe = IoProbe(IoProbeConfig(c.hook_mode, c.skip_fstypes, c.max_entries), ctx.mounts)
+        self.collector: IoCollector | None = None
+
+    def start(self) -> None:
+        self.probe.start()
+        self.collector = IoCollector(self.probe, self.ctx.mounts, self.ctx.owners,
+                                     self.ctx.config.max_series)
+
+    def close(self) -> None:
+        self.probe.close()
+
+    def collectors(self) -> list:
+        return [self.collector] if self.collector is not None else []
+
+    def modes(self) -> dict[str, str]:
+        return self.probe.modes()
+
+    def status_lines(self) -> list[str]:
+        return mode_lines(self.modes())
+
+    @classmethod
+    def doctor(cls, hook_mode: str) -> DoctorReport:
+        obj = object_path("io")
+        found = os.path.exists(obj)
+        lines = [f"  [{'ok' if found else '!!'}] {'io probe':<14} {obj}"]
+        problems = int(not found)
+        for gp in features.plan(GROUPS, hook_mode):
+            problems += gp.mode is None
+            lines.append(f"  io.{gp.group.name:<8} -> {gp.mode or 'NONE'}")
+            for mode, check in gp.checks.items():
+                lines.append(f"      {mode:<10} {'ok' if check.ok else 'no':<3} {check.reason}")
+        return DoctorReport(lines, problems)
