@@ -68,9 +68,7 @@ class Agent:
         register_all(self.registry, self.subsystems)
         self.schedule = DetectorSchedule(
             [d for s in self.subsystems for d in s.detectors()]).start()
-        set_ready = getattr(self.exporter, "set_ready", None)
-        if set_ready is not None:
-            set_ready(True)
+        self.exporter.set_ready(True)
         return self
 
     def stop(self) -> None:

@@ -14,8 +14,11 @@ from tests.unit.fake_nvml import FakeNvml
 from tests.unit.gpu_helpers import make_collector, make_host
 from tests.unit.test_deploy_dashboard import dashboard_queries, metric_names, rule_queries
 from tests.unit.test_gpu_collector import full_gpu, second_gpu
-from tracehound.collectors.rdma import MirrorObject, RdmaCollector, RdmaSnapshot
+from tracehound.attribution.owners import Owners
+from tracehound.attribution.resolver import WorkloadResolver
+from tracehound.collectors.rdma import RdmaCollector
 from tracehound.detect.rdma import RdmaDetector
+from tracehound.probes.rdma_maps import MirrorObject, RdmaSnapshot
 
 SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"),
             "summary": ("", "_sum", "_count"), "info": ("_info",)}
@@ -40,7 +43,8 @@ def gpu_families(tmp_path):
                      procs={1234: ("/slurm/job_42", "0-3", "0"),
                             5678: ("/kubepods/pod1", "4-7", "1")})
     collector = make_collector(FakeNvml([full_gpu(), second_gpu()]), host)
-    return list(collector.collect())
+    # the agent serves the detector's counters beside the collector's families
+    return list(collector.collect()) + list(collector.detector.collect())
 
 
 class SnapshotProbe:
@@ -58,6 +62,9 @@ class Cgroups:
     def path(self, cgroup_id):
         return f"/job/{cgroup_id}"
 
+    def retain(self, in_use):
+        return []
+
 
 def rdma_families():
     snap = RdmaSnapshot(
@@ -65,7 +72,10 @@ def rdma_families():
         verbs={("reg_mr", 0): 5, ("reg_mr", 12): 2},
         events={(0, 1, "PORT_ERR"): 1},
         qp_states={"RTS": 1}, health={"objects_full": 0}, devices={0: "rxe0"})
-    return list(RdmaCollector(SnapshotProbe(snap), Cgroups(), RdmaDetector()).collect())
+    owners = Owners(Cgroups(), WorkloadResolver(job_id_source=None, pod_source=None,
+                                                v1_lookup=False))
+    return (list(RdmaCollector(SnapshotProbe(snap), owners).collect())
+            + list(RdmaDetector().collect()))
 
 
 def used_names() -> dict[str, list[str]]:

@@ -29,6 +29,7 @@ def agent_http():
     """An exporter serving /metrics and /events, as the agent wires it."""
     log = EventLog(capacity=8)
     exporter = Exporter(CollectorRegistry(), "127.0.0.1:0", {"/events": log.wsgi}).start()
+    exporter.set_ready(True)        # as the agent does once its probes are loaded
     log.attach()
     yield exporter, log
     log.detach()

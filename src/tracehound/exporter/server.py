@@ -2,18 +2,15 @@
 from __future__ import annotations
 
 import errno
-import socket
-import sys
-import threading
-from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
 
-from prometheus_client import CollectorRegistry, make_wsgi_app
-from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
+from prometheus_client import CollectorRegistry
 
-from .. import __version__
+from .. import defaults
 from ..errors import SetupError
+from .http import (DEFAULT_BACKLOG, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, HTTPServer,
+                   Request, Response, call_wsgi, metrics_response, text_response)
 
-DEFAULT_LISTEN = "127.0.0.1:9560"
+DEFAULT_LISTEN = defaults.LISTEN
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -26,87 +23,76 @@ def parse_listen(value: str) -> tuple[str, int]:
     return host, int(port)
 
 
-class ProbeInfoCollector:
-    """tracehound_probe_info{probe,mode} = 1 for every hook group in use."""
-
-    def __init__(self, probes):
-        self.probes = probes
-
-    def collect(self):
-        fam = GaugeMetricFamily("tracehound_probe_info",
-                                "Hook mode each probe runs in (fentry, kprobe, tracepoint).",
-                                labels=["probe", "mode"])
-        for probe in self.probes:
-            for name, mode in probe.modes().items():
-                fam.add_metric([name, mode], 1)
-        yield fam
-        info = InfoMetricFamily("tracehound_build", "tracehound version.")
-        info.add_metric([], {"version": __version__})
-        yield info
-        # RSS also moves with allocator fragmentation; the count of live
-        # Python blocks only grows if the agent keeps what it should drop.
-        blocks = GaugeMetricFamily("tracehound_agent_allocated_blocks",
-                                   "Python memory blocks the agent holds (sys.getallocatedblocks).")
-        blocks.add_metric([], sys.getallocatedblocks())
-        yield blocks
-
-
-class _Server(WSGIServer):
-    daemon_threads = True
-
-    def handle_error(self, request, client_address):  # a dropped scrape is not news
-        pass
-
-
-class _V6Server(_Server):
-    address_family = socket.AF_INET6
-
-
-class _QuietHandler(WSGIRequestHandler):
-    def log_message(self, format, *args):  # scrapes are not worth a log line each
-        pass
-
-
 class Exporter:
-    """/metrics from the registry, and any extra routes (path -> WSGI app)."""
+    """/metrics from the registry, health and readiness, and any extra routes
+    (path -> WSGI app), served by .http.HTTPServer.
+
+    /healthz answers 200 while the process runs; /readyz and /metrics answer
+    503 until set_ready(True) (the agent calls it once its probes are loaded).
+    The keyword arguments tune the server: idle_timeout (seconds a connection
+    may take to send a request head), max_connections (open at once; the
+    longest idle is closed to admit a new one) and backlog (listen queue).
+    """
 
     def __init__(self, registry: CollectorRegistry, listen: str = DEFAULT_LISTEN,
-                 routes: dict | None = None):
+                 routes: dict | None = None, *, idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+                 max_connections: int = DEFAULT_MAX_CONNECTIONS,
+                 backlog: int = DEFAULT_BACKLOG):
         self.registry = registry
         self.routes = dict(routes or {})
         self.host, self.port = parse_listen(listen)
-        self._server = None
-        self._thread = None
+        self.idle_timeout = idle_timeout
+        self.max_connections = max_connections
+        self.backlog = backlog
+        self._ready = False
+        self._server: HTTPServer | None = None
 
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
         return f"http://{host}:{self.port}/metrics"
 
-    def start(self) -> "Exporter":
-        metrics_app = make_wsgi_app(self.registry)
+    @property
+    def ready(self) -> bool:
+        return self._ready
 
-        def app(environ, start_response):
-            route = self.routes.get(environ.get("PATH_INFO", ""), metrics_app)
-            return route(environ, start_response)
-        cls = _V6Server if ":" in self.host else _Server
+    def set_ready(self, ready: bool = True) -> None:
+        self._ready = bool(ready)
+
+    def _handle(self, request: Request) -> Response:
+        route = self.routes.get(request.path)
+        if route is not None:
+            return call_wsgi(route, request)
+        if request.path == "/metrics":
+            if not self._ready:
+                return text_response(503, "tracehound: probes are loading, no metrics yet\n",
+                                     [("Retry-After", "5")])
+            return metrics_response(self.registry, request)
+        if request.path == "/healthz":
+            return text_response(200, "ok\n")
+        if request.path == "/readyz":
+            if self._ready:
+                return text_response(200, "ready\n")
+            return text_response(503, "not ready: probes are loading\n")
+        return text_response(404, f"not found: {request.path} (try /metrics)\n")
+
+    def start(self) -> "Exporter":
         try:
-            self._server = make_server(self.host, self.port, app, server_class=cls,
-                                       handler_class=_QuietHandler)
+            self._server = HTTPServer(self.host, self.port, self._handle,
+                                      idle_timeout=self.idle_timeout,
+                                      max_connections=self.max_connections,
+                                      backlog=self.backlog)
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
                 raise SetupError(f"cannot listen on {self.host}:{self.port}: address already "
                                  "in use (another agent running? pick one with --listen "
                                  "HOST:PORT)") from None
             raise SetupError(f"cannot listen on {self.host}:{self.port}: {exc.strerror}") from None
-        self.port = self._server.server_port
-        self._thread = threading.Thread(target=self._server.serve_forever, name="exporter",
-                                        daemon=True)
-        self._thread.start()
+        self.port = self._server.port
+        self._server.start()
         return self
 
     def stop(self) -> None:
         if self._server:
-            self._server.shutdown()
-            self._server.server_close()
+            self._server.close()
             self._server = None

@@ -1,0 +1,377 @@
+"""The agent's HTTP server over real sockets on 127.0.0.1: concurrent and
+keep-alive requests, idle and slowloris connections that must not block a
+scrape, a stop() that returns whatever clients hold open, readiness, gzip
+and OpenMetrics, extra WSGI routes, and the error statuses."""
+import gzip
+import http.client
+import socket
+import threading
+import time
+
+import pytest
+from prometheus_client import CollectorRegistry
+from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.parser import text_string_to_metric_families
+
+from tracehound.errors import SetupError
+from tracehound.exporter.events import EventLog
+from tracehound.exporter.server import Exporter
+
+TIMEOUT = 5     # generous: a server that stalls fails the test instead of hanging it
+
+
+class Temperature:
+    def collect(self):
+        fam = GaugeMetricFamily("test_temperature_celsius", "A gauge.", labels=["room"])
+        fam.add_metric(["lab"], 21.5)
+        yield fam
+
+
+def echo(environ, start_response):
+    body = f"{environ['REQUEST_METHOD']} {environ['PATH_INFO']}?{environ['QUERY_STRING']}"
+    start_response("200 OK", [("Content-Type", "text/plain")])
+    return [body.encode()]
+
+
+@pytest.fixture
+def serve():
+    """serve(**exporter kwargs) -> a started, ready Exporter; all stopped after."""
+    started = []
+
+    def start(ready=True, routes=None, **kwargs):
+        registry = CollectorRegistry()
+        registry.register(Temperature())
+        exporter = Exporter(registry, "127.0.0.1:0", routes or {"/echo": echo}, **kwargs)
+        started.append(exporter.start())
+        exporter.set_ready(ready)
+        return exporter
+
+    yield start
+    for exporter in started:
+        exporter.stop()
+
+
+def get(exporter, path="/metrics", method="GET", headers=None, body=None):
+    conn = http.client.HTTPConnection("127.0.0.1", exporter.port, timeout=TIMEOUT)
+    try:
+        conn.request(method, path, body=body, headers=headers or {})
+        resp = conn.getresponse()
+        return resp.status, dict(resp.getheaders()), resp.read()
+    finally:
+        conn.close()
+
+
+def connect(exporter) -> socket.socket:
+    sock = socket.create_connection(("127.0.0.1", exporter.port), timeout=TIMEOUT)
+    return sock
+
+
+def raw(exporter, data: bytes) -> bytes:
+    """Send data on a fresh connection and read until the server closes it."""
+    with connect(exporter) as sock:
+        sock.sendall(data)
+        out = b""
+        while chunk := sock.recv(65536):
+            out += chunk
+    return out
+
+
+def samples(text: str) -> dict:
+    return {(s.name, s.labels.get("room")): s.value
+            for fam in text_string_to_metric_families(text) for s in fam.samples}
+
+
+def held(exporter, count, data=b""):
+    socks = [connect(exporter) for _ in range(count)]
+    for sock in socks:
+        if data:
+            sock.sendall(data)
+    return socks
+
+
+def close_all(socks):
+    for sock in socks:
+        sock.close()
+
+
+def test_metrics_are_served_with_the_listen_address(serve):
+    exporter = serve()
+    assert exporter.port != 0 and exporter.host == "127.0.0.1"
+    assert exporter.url == f"http://127.0.0.1:{exporter.port}/metrics"
+    status, headers, body = get(exporter)
+    assert status == 200 and headers["Content-Type"].startswith("text/plain")
+    assert samples(body.decode()) == {("test_temperature_celsius", "lab"): 21.5}
+
+
+def test_requests_are_served_concurrently(serve):
+    # five requests meet at a barrier inside the app: a server that handled
+    # them one at a time would break the barrier and answer 500
+    barrier = threading.Barrier(5, timeout=TIMEOUT)
+
+    def meet(environ, start_response):
+        barrier.wait()
+        start_response("200 OK", [])
+        return [b"met"]
+
+    exporter = serve(routes={"/meet": meet})
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(get(exporter, "/meet")[::2]))
+               for _ in range(5)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(TIMEOUT * 2)
+    assert results == [(200, b"met")] * 5
+
+
+def test_keep_alive_serves_two_requests_on_one_connection(serve):
+    exporter = serve()
+    conn = http.client.HTTPConnection("127.0.0.1", exporter.port, timeout=TIMEOUT)
+    try:
+        conn.request("GET", "/metrics")
+        first = conn.getresponse()
+        assert first.status == 200 and not first.will_close and first.read()
+        sock = conn.sock
+        conn.request("GET", "/healthz")
+        second = conn.getresponse()
+        assert second.status == 200 and second.read() == b"ok\n"
+        assert conn.sock is sock            # http.client would have reconnected
+    finally:
+        conn.close()
+
+
+def test_an_http_1_0_client_gets_its_answer_and_the_connection_closed(serve):
+    out = raw(serve(), b"GET /healthz HTTP/1.0\r\n\r\n")
+    assert out.startswith(b"HTTP/1.1 200 OK\r\n") and out.endswith(b"\r\n\r\nok\n")
+    assert b"Connection: close" in out
+
+
+def test_fifty_idle_connections_do_not_block_a_scrape(serve):
+    exporter = serve()
+    socks = held(exporter, 50)
+    try:
+        status, _, body = get(exporter)
+        assert status == 200 and b"test_temperature_celsius" in body
+    finally:
+        close_all(socks)
+
+
+def test_fifty_partial_request_lines_do_not_block_a_scrape(serve):
+    exporter = serve()
+    socks = held(exporter, 50, b"GET /metrics HT")
+    try:
+        status, _, body = get(exporter)
+        assert status == 200 and b"test_temperature_celsius" in body
+    finally:
+        close_all(socks)
+
+
+def test_idle_connections_beyond_the_bound_are_evicted_not_queued(serve):
+    exporter = serve(max_connections=4)
+    socks = held(exporter, 10) + held(exporter, 10, b"GET / HTTP/1.1\r\nHo")
+    try:
+        status, _, _ = get(exporter)
+        assert status == 200
+    finally:
+        close_all(socks)
+
+
+def test_a_connection_beyond_the_bound_is_refused_when_all_are_busy(serve):
+    release = threading.Event()
+
+    def slow(environ, start_response):
+        release.wait(TIMEOUT)
+        start_response("200 OK", [])
+        return [b"done"]
+
+    exporter = serve(max_connections=2, routes={"/slow": slow})
+    busy = held(exporter, 2, b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
+    try:
+        time.sleep(0.2)                     # both requests are inside the app now
+        with connect(exporter) as extra:     # answered at once, before any request
+            answer = extra.recv(4096)
+        assert answer.startswith(b"HTTP/1.1 503 ") and b"Connection: close" in answer
+    finally:
+        release.set()
+        for sock in busy:
+            assert sock.recv(4096).startswith(b"HTTP/1.1 200 OK")
+        close_all(busy)
+
+
+def test_an_idle_connection_is_closed_after_the_idle_timeout(serve):
+    exporter = serve(idle_timeout=0.5)
+    with connect(exporter) as quiet, connect(exporter) as partial:
+        partial.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")   # head never ends
+        began = time.monotonic()
+        assert quiet.recv(1024) == b""       # closed by the server, not by our timeout
+        assert partial.recv(1024) == b""
+        assert 0.4 <= time.monotonic() - began < TIMEOUT
+
+
+def test_a_slow_dripping_request_head_is_dropped_at_the_deadline(serve):
+    exporter = serve(idle_timeout=0.5)
+    with connect(exporter) as sock:
+        began = time.monotonic()
+        closed = False
+        for byte in b"GET /metrics HTTP/1.1\r\nHost: x\r\n":
+            try:
+                sock.sendall(bytes([byte]))
+            except OSError:
+                closed = True
+                break
+            time.sleep(0.1)
+            if time.monotonic() - began > 1.5:
+                break
+        if not closed:
+            sock.settimeout(TIMEOUT)
+            try:
+                closed = sock.recv(1024) == b""
+            except ConnectionResetError:
+                closed = True
+        assert closed and time.monotonic() - began < 2.5
+
+
+@pytest.mark.parametrize("hold", [
+    pytest.param(lambda e: held(e, 50), id="idle"),
+    pytest.param(lambda e: held(e, 50, b"GET /metrics HTTP/1.1\r\nHost"), id="slowloris"),
+    pytest.param(lambda e: held(e, 3, b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n"), id="not-reading"),
+    pytest.param(lambda e: held(e, 3, b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n"), id="in-app"),
+])
+def test_stop_returns_while_clients_hold_connections(serve, hold):
+    big = b"x" * (32 << 20)                  # far more than the socket buffers hold
+    exporter = serve(routes={"/big": lambda env, sr: (sr("200 OK", []), [big])[1],
+                             "/slow": lambda env, sr: (time.sleep(3), sr("200 OK", []),
+                                                       [b""])[2]})
+    socks = hold(exporter)
+    try:
+        time.sleep(0.3)                      # let the server start on each of them
+        stopper = threading.Thread(target=exporter.stop, daemon=True)
+        stopper.start()
+        stopper.join(TIMEOUT)
+        assert not stopper.is_alive()
+        with pytest.raises(OSError):
+            socket.create_connection(("127.0.0.1", exporter.port), timeout=1).close()
+    finally:
+        close_all(socks)
+
+
+def test_gzip_when_the_client_accepts_it(serve):
+    exporter = serve()
+    status, headers, body = get(exporter, headers={"Accept-Encoding": "gzip"})
+    assert status == 200 and headers["Content-Encoding"] == "gzip"
+    assert samples(gzip.decompress(body).decode()) == {("test_temperature_celsius", "lab"): 21.5}
+    _, headers, body = get(exporter, headers={"Accept-Encoding": "gzip;q=0, identity"})
+    assert "Content-Encoding" not in headers and body.startswith(b"# HELP")
+
+
+def test_openmetrics_when_the_client_asks_for_it(serve):
+    status, headers, body = get(serve(), headers={"Accept": "application/openmetrics-text"})
+    assert status == 200 and headers["Content-Type"].startswith("application/openmetrics-text")
+    assert body.endswith(b"# EOF\n") and b'test_temperature_celsius{room="lab"} 21.5' in body
+
+
+def test_head_answers_the_headers_only(serve):
+    exporter = serve()
+    _, _, full = get(exporter)
+    status, headers, body = get(exporter, method="HEAD")
+    assert status == 200 and body == b"" and int(headers["Content-Length"]) == len(full)
+
+
+def test_unknown_paths_are_404(serve):
+    exporter = serve()
+    assert get(exporter, "/")[0] == 404
+    assert get(exporter, "/metrics/extra")[0] == 404
+
+
+def test_health_readiness_and_metrics_follow_set_ready(serve):
+    exporter = serve(ready=False)
+    assert exporter.ready is False
+    assert get(exporter, "/healthz")[::2] == (200, b"ok\n")
+    assert get(exporter, "/readyz")[0] == 503
+    status, _, body = get(exporter)
+    assert status == 503 and body.count(b"\n") == 1 and b"loading" in body
+    exporter.set_ready(True)
+    assert exporter.ready is True
+    assert get(exporter, "/readyz")[0] == 200 and get(exporter)[0] == 200
+    assert get(exporter, "/healthz")[0] == 200
+    exporter.set_ready(False)
+    assert get(exporter, "/readyz")[0] == 503
+
+
+def test_extra_routes_are_wsgi_apps_with_their_query_string(serve):
+    events = EventLog(capacity=4)
+    exporter = serve(routes={"/echo": echo, "/events": events.wsgi}, ready=False)
+    assert get(exporter, "/echo?since=3&x=%20y")[::2] == (200, b"GET /echo?since=3&x=%20y")
+    status, headers, body = get(exporter, "/events?since=0")
+    assert status == 200 and headers["Content-Type"] == "application/json"
+    assert body == b'{"dropped": false, "events": [], "next": 0}'
+    status, _, body = get(exporter, "/events?since=x")
+    assert status == 400 and b"since must be a sequence number" in body
+
+
+@pytest.mark.parametrize("method", ["POST", "PUT", "DELETE", "OPTIONS"])
+def test_other_methods_are_405(serve, method):
+    status, headers, _ = get(serve(), method=method, body=b"a=1")
+    assert status == 405 and headers["Allow"] == "GET, HEAD"
+
+
+@pytest.mark.parametrize("request_bytes", [
+    b"garbage\r\n\r\n",
+    b"GET /metrics HTTP/1.1 extra\r\nHost: x\r\n\r\n",
+    b"GET /metrics HTTP/x.y\r\nHost: x\r\n\r\n",
+    b"GET /metrics\r\n\r\n",
+    b"GET /metrics HTTP/1.1\r\n\r\n",                            # HTTP/1.1 needs a Host
+    b"GET /metrics HTTP/1.1\r\nHost: a b\r\n\r\n",
+    b"GET /metrics HTTP/1.1\r\nHost: a\r\nHost: b\r\n\r\n",
+    b"GET metrics HTTP/1.1\r\nHost: x\r\n\r\n",
+    b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03\r\n\r\n",     # TLS hello, roughly
+])
+def test_bad_requests_are_400_and_the_server_carries_on(serve, request_bytes):
+    exporter = serve()
+    assert raw(exporter, request_bytes).startswith(b"HTTP/1.1 400 ")
+    assert get(exporter)[0] == 200
+
+
+def test_an_oversized_request_head_is_cut_off(serve):
+    exporter = serve()
+    head = b"GET /metrics HTTP/1.1\r\nHost: x\r\n" + b"X-Pad: " + b"p" * 60000 + b"\r\n"
+    with connect(exporter) as sock:
+        try:
+            sock.sendall(head * 3 + b"\r\n")
+            answer = sock.recv(4096)
+        except ConnectionResetError:
+            answer = b""
+    assert not answer.startswith(b"HTTP/1.1 200")
+    assert get(exporter)[0] == 200
+
+
+def test_failures_are_500_without_a_traceback(serve, capfd):
+    def broken(environ, start_response):
+        raise RuntimeError("boom")
+
+    exporter = serve(routes={"/broken": broken})
+    assert get(exporter, "/broken")[0] == 500
+    raw(exporter, b"garbage\r\n\r\n")
+    with connect(exporter) as sock:
+        sock.sendall(b"GET /metr")                               # and hang up
+    assert get(exporter)[0] == 200
+    out, err = capfd.readouterr()
+    assert out == "" and err == ""
+
+
+def test_a_busy_port_is_a_setup_error(serve):
+    exporter = serve()
+    with pytest.raises(SetupError, match="address already in use"):
+        Exporter(CollectorRegistry(), f"127.0.0.1:{exporter.port}").start()
+
+
+def test_an_address_not_on_this_host_is_a_setup_error():
+    with pytest.raises(SetupError, match=r"cannot listen on 192\.0\.2\.1:0: "):
+        Exporter(CollectorRegistry(), "192.0.2.1:0").start()
+
+
+def test_stop_twice_and_before_start_are_harmless(serve):
+    Exporter(CollectorRegistry(), "127.0.0.1:0").stop()
+    exporter = serve()
+    exporter.stop()
+    exporter.stop()
