@@ -31,6 +31,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, replace
 from typing import Callable, Optional
 
+from .. import defaults
+
 PodSource = Callable[[str, str], Optional["PodRecord"]]
 
 _STATUS_LISTS = ("containerStatuses", "initContainerStatuses", "ephemeralContainerStatuses")
@@ -88,7 +90,8 @@ class _Refreshing:
 
 
 class LogDirPodSource(_Refreshing):
-    def __init__(self, pods_dir: str = "/var/log/pods", containers_dir: str = "/var/log/containers",
+    def __init__(self, pods_dir: str = defaults.POD_LOGS_DIR,
+                 containers_dir: str = defaults.CONTAINER_LOGS_DIR,
                  min_interval: float = 10.0, clock: Callable[[], float] = time.monotonic):
         super().__init__(min_interval, clock)
         self.pods_dir = pods_dir
@@ -209,7 +212,7 @@ def first_of(*sources: PodSource) -> PodSource:
     return ask
 
 
-def pod_source(pods_dir: str = "/var/log/pods", kubelet_url: str | None = None) -> PodSource:
+def pod_source(pods_dir: str = defaults.POD_LOGS_DIR, kubelet_url: str | None = None) -> PodSource:
     """The kubelet's pod log directory (and the container log links beside
     it), then kubelet's /pods when a URL is given."""
     containers_dir = os.path.join(os.path.dirname(pods_dir.rstrip("/")), "containers")

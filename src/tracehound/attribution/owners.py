@@ -23,6 +23,7 @@ class Owners:
         self.cgroups = cgroups
         self.workloads = workloads
         self._refs: dict[str, frozenset[int]] = {}
+        self._gone: set[int] = set()      # found removed, still referred to by someone
         self._lock = threading.RLock()
 
     @property
@@ -65,8 +66,10 @@ class Owners:
         with self._lock:
             self._refs[user] = frozenset(cgroup_ids)
             in_use = frozenset().union(*self._refs.values())
-            for cgid in set(gone) - in_use:
+            self._gone.update(gone)
+            for cgid in self._gone - in_use:
                 self.workloads.forget(self.cgroups.path(cgid))
                 self.cgroups.forget(cgid)
+            self._gone &= in_use
             for _ino, path in self.cgroups.retain(in_use):
                 self.workloads.forget(path)
