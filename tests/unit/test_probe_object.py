@@ -24,3 +24,11 @@ def test_op_masks_partition_the_operations():
     for i, a in enumerate(masks):
         for b in masks[i + 1:]:
             assert a & b == 0
+
+
+def test_a_usable_mode_says_what_it_hooks():
+    checks = (lambda: features.ModeCheck(True, "tp_btf sys_enter/sys_exit: read, pread64"),)
+    group = features.HookGroup("g", (("tracepoint", features.HookMode(("p",), checks)),))
+    plan = features.plan([group], "tracepoint")[0]
+    assert plan.mode == "tracepoint"
+    assert plan.checks["tracepoint"].reason == "tp_btf sys_enter/sys_exit: read, pread64"

@@ -41,7 +41,8 @@ class HookMode:
     """One way to hook a group: the programs to load and what must hold first."""
     programs: tuple[str, ...]
     checks: tuple[Check, ...]
-    summary: str                 # what doctor says when every check passes
+    summary: str = ""            # what doctor says when every check passes (default:
+                                 # what the checks said)
 
 
 @dataclass(frozen=True)
@@ -169,11 +170,13 @@ def function_checks(mode: str, functions: Sequence[str]) -> tuple[Check, ...]:
 
 
 def _check(hook: HookMode) -> ModeCheck:
+    reasons = []
     for check in hook.checks:
         res = check()
         if not res.ok:
             return res
-    return ModeCheck(True, hook.summary)
+        reasons.append(res.reason)
+    return ModeCheck(True, hook.summary or "; ".join(reasons))
 
 
 def plan(groups: Sequence[HookGroup], forced: str = "auto",

@@ -89,7 +89,7 @@ def _group(name: str, functions: tuple[str, ...], syscalls: tuple[str, ...],
     return HookGroup(name, (
         ("fentry", vfs("fentry", "fe", "fx")),
         ("kprobe", vfs("kprobe", "kp", "kr")),
-        ("tracepoint", HookMode(SYSCALL_PROGRAMS, (tracepoint,), "")),
+        ("tracepoint", HookMode(SYSCALL_PROGRAMS, (tracepoint,))),
     ))
 
 
