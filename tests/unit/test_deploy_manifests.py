@@ -206,10 +206,11 @@ def test_ports_agree_across_agent_service_and_service_monitor(daemonset, contain
                                 if a.startswith("--listen=")))
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"metrics": port}
-    for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
+    paths = {"startupProbe": "/readyz", "readinessProbe": "/readyz", "livenessProbe": "/healthz"}
+    for kind, path in paths.items():
         probe = container[kind]
         assert set(probe) <= PROBE_FIELDS, kind
-        assert probe["httpGet"]["path"] == "/metrics"
+        assert probe["httpGet"]["path"] == path, kind
         assert ports.get(probe["httpGet"]["port"], probe["httpGet"]["port"]) == port, kind
     template = daemonset["spec"]["template"]
     service = one("Service")
