@@ -22,17 +22,14 @@ half-broken proxies. None of those may stop the others, so:
   wakes any thread blocked reading or writing it) and waits briefly for the
   threads; it returns within its timeout whatever the clients do.
 
-The application is a function `Request -> Response`; responses are built in
-memory, so each has a Content-Length and HEAD is answered by the server
-(headers only). `metrics_response` renders a Prometheus registry (text or
-OpenMetrics, gzip when accepted) and `call_wsgi` runs a WSGI application.
-Nothing here logs a line per request or prints a traceback: failures go to
+The application is a function `Request -> Response` (messages.py); responses
+are built in memory, so each has a Content-Length and HEAD is answered by the
+server (headers only). Nothing here logs a line per request or prints a traceback: failures go to
 the debug log, and the client gets a plain-text status.
 """
 from __future__ import annotations
 
 import errno
-import gzip
 import http.server
 import io
 import logging
@@ -43,9 +40,9 @@ import threading
 import time
 import urllib.parse
 from email.utils import formatdate
-from typing import Callable, Iterable, Optional
+from typing import Callable, Optional
 
-from prometheus_client.exposition import choose_encoder
+from .messages import Request, Response, status_reason, text_response
 
 log = logging.getLogger(__name__)
 
@@ -57,7 +54,6 @@ _MAX_REQUEST_LINE = 8192          # the longest target we serve is short
 _MAX_HEAD = 64 * 1024             # request line and headers, per request
 _SEND_CHUNK = 64 * 1024           # each chunk gets the full write timeout
 _WAIT_AFTER_CLOSE = 1.5           # close(): how long to wait for handler threads
-_TEXT = "text/plain; charset=utf-8"
 _ALLOWED_METHODS = ("GET", "HEAD")
 _HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length",
                          "proxy-connection", "te", "trailer", "upgrade"})
@@ -65,157 +61,6 @@ _HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "conte
 _HOST_RE = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9\-._~!$&'()*+,;=%]*)(:[0-9]{0,5})?")
 _DIGITS_RE = re.compile(r"[0-9]{1,18}")
 _HEADER_NAME_RE = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
-
-
-class Request:
-    """One parsed request, as the application sees it."""
-
-    __slots__ = ("method", "path", "query", "headers", "version", "client", "server_name",
-                 "server_port")
-
-    def __init__(self, method: str, path: str, query: str, headers, version: str,
-                 client: tuple, server_name: str, server_port: int):
-        self.method = method          # "GET" or "HEAD" (others never reach the app)
-        self.path = path              # percent-decoded (latin-1, as in WSGI)
-        self.query = query            # raw query string, without "?"
-        self.headers = headers        # email.message.Message: .get(), .get_all()
-        self.version = version        # "HTTP/1.1", "HTTP/1.0"
-        self.client = client          # (address, port, ...)
-        self.server_name = server_name
-        self.server_port = server_port
-
-
-class Response:
-    """Status, headers and the whole body. Content-Length and Connection
-    are the server's to set; an application's own are dropped."""
-
-    __slots__ = ("status", "body", "headers", "reason")
-
-    def __init__(self, status: int, body: bytes = b"", headers: Iterable = (),
-                 reason: Optional[str] = None):
-        self.status = int(status)
-        self.body = bytes(body)
-        self.headers = list(headers)
-        self.reason = reason
-
-
-def text_response(status: int, text: str, headers: Iterable = ()) -> Response:
-    return Response(status, text.encode("utf-8"), [("Content-Type", _TEXT), *headers])
-
-
-def _reason(status: int) -> str:
-    try:
-        return http.HTTPStatus(status).phrase
-    except ValueError:
-        return "Unknown"
-
-
-def _gzip_accepted(header: Optional[str]) -> bool:
-    """Accept-Encoding lists gzip with a non-zero quality."""
-    for item in (header or "").split(","):
-        coding, *params = [part.strip() for part in item.split(";")]
-        if coding.lower() not in ("gzip", "x-gzip"):
-            continue
-        for param in params:
-            key, _, value = param.partition("=")
-            if key.strip().lower() == "q":
-                try:
-                    return float(value) > 0
-                except ValueError:
-                    return False
-        return True
-    return False
-
-
-def metrics_response(registry, request: Request) -> Response:
-    """The registry in the format the Accept header asks for (Prometheus
-    text, or OpenMetrics for application/openmetrics-text), gzipped when
-    Accept-Encoding allows; `?name[]=x` restricts it to those series, as
-    prometheus_client's own handlers do."""
-    try:
-        encoder, content_type = choose_encoder(request.headers.get("Accept") or "")
-    except Exception:                  # a malformed version= in Accept
-        encoder, content_type = choose_encoder("")
-    names = urllib.parse.parse_qs(request.query).get("name[]")
-    if names and hasattr(registry, "restricted_registry"):
-        registry = registry.restricted_registry(names)
-    body = encoder(registry)
-    headers = [("Content-Type", content_type), ("Vary", "Accept, Accept-Encoding")]
-    if _gzip_accepted(request.headers.get("Accept-Encoding")):
-        body = gzip.compress(body, compresslevel=6, mtime=0)
-        headers.append(("Content-Encoding", "gzip"))
-    return Response(200, body, headers)
-
-
-class _ErrorSink:
-    """wsgi.errors: what an application writes there goes to the debug log."""
-
-    def write(self, text):
-        if text.strip():
-            log.debug("wsgi.errors: %s", text.rstrip())
-
-    def writelines(self, lines):
-        for line in lines:
-            self.write(line)
-
-    def flush(self):
-        pass
-
-
-def call_wsgi(app: Callable, request: Request) -> Response:
-    """Run a WSGI application for a bodiless request and collect its answer."""
-    environ = {
-        "REQUEST_METHOD": request.method,
-        "SCRIPT_NAME": "",
-        "PATH_INFO": request.path,
-        "QUERY_STRING": request.query,
-        "SERVER_NAME": request.server_name,
-        "SERVER_PORT": str(request.server_port),
-        "SERVER_PROTOCOL": request.version,
-        "REMOTE_ADDR": str(request.client[0]) if request.client else "",
-        "CONTENT_LENGTH": "",
-        "wsgi.version": (1, 0),
-        "wsgi.url_scheme": "http",
-        "wsgi.input": io.BytesIO(b""),
-        "wsgi.errors": _ErrorSink(),
-        "wsgi.multithread": True,
-        "wsgi.multiprocess": False,
-        "wsgi.run_once": False,
-    }
-    for name, value in request.headers.items():
-        key = name.upper().replace("-", "_")
-        if key in ("CONTENT_TYPE", "CONTENT_LENGTH"):
-            environ[key] = value
-            continue
-        key = "HTTP_" + key
-        environ[key] = f"{environ[key]},{value}" if key in environ else value
-
-    started: list = []
-    chunks: list = []
-
-    def start_response(status, headers, exc_info=None):
-        if exc_info is not None and started:
-            # the body is buffered, so a late error may still replace the status
-            started.clear()
-        elif started:
-            raise AssertionError("start_response called twice")
-        started.append((status, list(headers)))
-        return chunks.append
-
-    result = app(environ, start_response)
-    try:
-        for chunk in result:
-            chunks.append(chunk)
-    finally:
-        close = getattr(result, "close", None)
-        if close is not None:
-            close()
-    if not started:
-        raise RuntimeError("WSGI application returned without calling start_response")
-    status, headers = started[0]
-    code, _, reason = str(status).partition(" ")
-    return Response(int(code), b"".join(bytes(c) for c in chunks), headers,
-                    reason=reason.strip() or None)
 
 
 class _DeadlineReader(io.RawIOBase):
@@ -395,7 +240,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
 
     def _reject(self, code: int, why: str = ""):
         self.close_connection = True
-        text = f"{code} {_reason(code)}" + (f": {why}" if why else "")
+        text = f"{code} {status_reason(code)}" + (f": {why}" if why else "")
         self._respond(text_response(code, text + "\n"))
 
     def _respond(self, response: Response):
@@ -413,7 +258,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             self._send(body)
 
     def _head(self, response: Response) -> bytes:
-        lines = [f"HTTP/1.1 {response.status} {response.reason or _reason(response.status)}",
+        lines = [f"HTTP/1.1 {response.status} {response.reason or status_reason(response.status)}",
                  f"Date: {formatdate(usegmt=True)}"]
         for name, value in response.headers:
             name, value = str(name), str(value)

@@ -7,8 +7,8 @@ from prometheus_client import CollectorRegistry
 
 from .. import defaults
 from ..errors import SetupError
-from .http import (DEFAULT_BACKLOG, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, HTTPServer,
-                   Request, Response, call_wsgi, metrics_response, text_response)
+from .http import DEFAULT_BACKLOG, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, HTTPServer
+from .messages import Request, Response, call_wsgi, metrics_response, text_response
 
 DEFAULT_LISTEN = defaults.LISTEN
 

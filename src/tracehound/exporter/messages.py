@@ -1,0 +1,168 @@
+"""What the agent's HTTP server exchanges with its applications: a parsed
+Request, an in-memory Response, and the two applications it serves
+(a Prometheus registry, and WSGI apps such as /events)."""
+from __future__ import annotations
+
+import gzip
+import http
+import io
+import logging
+import urllib.parse
+from typing import Callable, Iterable, Optional
+
+from prometheus_client.exposition import choose_encoder
+
+log = logging.getLogger(__name__)
+
+TEXT = "text/plain; charset=utf-8"
+
+
+class Request:
+    """One parsed request, as the application sees it."""
+
+    __slots__ = ("method", "path", "query", "headers", "version", "client", "server_name",
+                 "server_port")
+
+    def __init__(self, method: str, path: str, query: str, headers, version: str,
+                 client: tuple, server_name: str, server_port: int):
+        self.method = method          # "GET" or "HEAD" (others never reach the app)
+        self.path = path              # percent-decoded (latin-1, as in WSGI)
+        self.query = query            # raw query string, without "?"
+        self.headers = headers        # email.message.Message: .get(), .get_all()
+        self.version = version        # "HTTP/1.1", "HTTP/1.0"
+        self.client = client          # (address, port, ...)
+        self.server_name = server_name
+        self.server_port = server_port
+
+
+class Response:
+    """Status, headers and the whole body. Content-Length and Connection
+    are the server's to set; an application's own are dropped."""
+
+    __slots__ = ("status", "body", "headers", "reason")
+
+    def __init__(self, status: int, body: bytes = b"", headers: Iterable = (),
+                 reason: Optional[str] = None):
+        self.status = int(status)
+        self.body = bytes(body)
+        self.headers = list(headers)
+        self.reason = reason
+
+
+def text_response(status: int, text: str, headers: Iterable = ()) -> Response:
+    return Response(status, text.encode("utf-8"), [("Content-Type", TEXT), *headers])
+
+
+def status_reason(status: int) -> str:
+    try:
+        return http.HTTPStatus(status).phrase
+    except ValueError:
+        return "Unknown"
+
+
+def _gzip_accepted(header: Optional[str]) -> bool:
+    """Accept-Encoding lists gzip with a non-zero quality."""
+    for item in (header or "").split(","):
+        coding, *params = [part.strip() for part in item.split(";")]
+        if coding.lower() not in ("gzip", "x-gzip"):
+            continue
+        for param in params:
+            key, _, value = param.partition("=")
+            if key.strip().lower() == "q":
+                try:
+                    return float(value) > 0
+                except ValueError:
+                    return False
+        return True
+    return False
+
+
+def metrics_response(registry, request: Request) -> Response:
+    """The registry in the format the Accept header asks for (Prometheus
+    text, or OpenMetrics for application/openmetrics-text), gzipped when
+    Accept-Encoding allows; `?name[]=x` restricts it to those series, as
+    prometheus_client's own handlers do."""
+    try:
+        encoder, content_type = choose_encoder(request.headers.get("Accept") or "")
+    except Exception:                  # a malformed version= in Accept
+        encoder, content_type = choose_encoder("")
+    names = urllib.parse.parse_qs(request.query).get("name[]")
+    if names and hasattr(registry, "restricted_registry"):
+        registry = registry.restricted_registry(names)
+    body = encoder(registry)
+    headers = [("Content-Type", content_type), ("Vary", "Accept, Accept-Encoding")]
+    if _gzip_accepted(request.headers.get("Accept-Encoding")):
+        body = gzip.compress(body, compresslevel=6, mtime=0)
+        headers.append(("Content-Encoding", "gzip"))
+    return Response(200, body, headers)
+
+
+class _ErrorSink:
+    """wsgi.errors: what an application writes there goes to the debug log."""
+
+    def write(self, text):
+        if text.strip():
+            log.debug("wsgi.errors: %s", text.rstrip())
+
+    def writelines(self, lines):
+        for line in lines:
+            self.write(line)
+
+    def flush(self):
+        pass
+
+
+def call_wsgi(app: Callable, request: Request) -> Response:
+    """Run a WSGI application for a bodiless request and collect its answer."""
+    environ = {
+        "REQUEST_METHOD": request.method,
+        "SCRIPT_NAME": "",
+        "PATH_INFO": request.path,
+        "QUERY_STRING": request.query,
+        "SERVER_NAME": request.server_name,
+        "SERVER_PORT": str(request.server_port),
+        "SERVER_PROTOCOL": request.version,
+        "REMOTE_ADDR": str(request.client[0]) if request.client else "",
+        "CONTENT_LENGTH": "",
+        "wsgi.version": (1, 0),
+        "wsgi.url_scheme": "http",
+        "wsgi.input": io.BytesIO(b""),
+        "wsgi.errors": _ErrorSink(),
+        "wsgi.multithread": True,
+        "wsgi.multiprocess": False,
+        "wsgi.run_once": False,
+    }
+    for name, value in request.headers.items():
+        key = name.upper().replace("-", "_")
+        if key in ("CONTENT_TYPE", "CONTENT_LENGTH"):
+            environ[key] = value
+            continue
+        key = "HTTP_" + key
+        environ[key] = f"{environ[key]},{value}" if key in environ else value
+
+    started: list = []
+    chunks: list = []
+
+    def start_response(status, headers, exc_info=None):
+        if exc_info is not None and started:
+            # the body is buffered, so a late error may still replace the status
+            started.clear()
+        elif started:
+            raise AssertionError("start_response called twice")
+        started.append((status, list(headers)))
+        return chunks.append
+
+    result = app(environ, start_response)
+    try:
+        for chunk in result:
+            chunks.append(chunk)
+    finally:
+        close = getattr(result, "close", None)
+        if close is not None:
+            close()
+    if not started:
+        raise RuntimeError("WSGI application returned without calling start_response")
+    status, headers = started[0]
+    code, _, reason = str(status).partition(" ")
+    return Response(int(code), b"".join(bytes(c) for c in chunks), headers,
+                    reason=reason.strip() or None)
