@@ -50,9 +50,6 @@ class Agent:
         self._started: list = []
         self._stop = threading.Event()
 
-    def subsystem(self, name: str):
-        return next(s for s in self.subsystems if s.name == name)
-
     def start(self) -> "Agent":
         # Bind first: a busy port should fail before any BPF is loaded.
         self.exporter.start()

@@ -6,10 +6,7 @@ from ..bpf import features
 from ..errors import TracehoundError
 from ..host.mounts import MountTable
 from ..subsystems import SUBSYSTEMS
-
-
-def _line(ok: bool, what: str, detail: str) -> str:
-    return f"  [{'ok' if ok else '!!'}] {what:<14} {detail}"
+from ..subsystems.base import check_line
 
 
 def doctor(hook_mode: str = "auto", out=print, subsystems=SUBSYSTEMS) -> int:
@@ -19,9 +16,9 @@ def doctor(hook_mode: str = "auto", out=print, subsystems=SUBSYSTEMS) -> int:
                         ("btf", preflight.check_btf)):
         try:
             check()
-            out(_line(True, what, "present"))
+            out(check_line(True, what, "present"))
         except TracehoundError as exc:
-            out(_line(False, what, str(exc)))
+            out(check_line(False, what, str(exc)))
             problems += 1
     # subsystems without BPF probes (GPU) can be checked all the same
     sections = [s for s in subsystems if not problems or not s.needs_bpf]
@@ -29,9 +26,9 @@ def doctor(hook_mode: str = "auto", out=print, subsystems=SUBSYSTEMS) -> int:
         out("fix the problems above first; probes cannot be checked without them")
     else:
         tracefs = features.ensure_tracefs()
-        out(_line(tracefs, "tracefs", features.TRACEFS if tracefs else "not mounted and mount failed"))
+        out(check_line(tracefs, "tracefs", features.TRACEFS if tracefs else "not mounted and mount failed"))
         cg = MountTable().cgroup2_root()
-        out(_line(cg is not None, "cgroup v2", cg or "not mounted: per-cgroup attribution impossible"))
+        out(check_line(cg is not None, "cgroup v2", cg or "not mounted: per-cgroup attribution impossible"))
         problems += (not tracefs) + (cg is None)
         out(f"probes (hook mode: {hook_mode}):")
     for s in sections:

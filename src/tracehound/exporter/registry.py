@@ -29,7 +29,6 @@ class IsolatedCollector:
         self.name = name or getattr(collector, "name", type(collector).__name__)
         self.success = True
         self.duration_s = 0.0
-        self._failing = False
         self._lock = threading.Lock()
 
     def collect(self):
@@ -39,11 +38,10 @@ class IsolatedCollector:
             ok = True
         except Exception as exc:  # noqa: BLE001 - isolation is the point
             families, ok = [], False
-            if not self._failing:     # once per streak, not once per scrape
+            if self.success:          # once per streak, not once per scrape
                 log.warning("collector %s failed, its metrics are left out: %s", self.name, exc,
                             exc_info=log.isEnabledFor(logging.DEBUG))
         with self._lock:
-            self._failing = not ok
             self.success = ok
             self.duration_s = time.perf_counter() - start
         return families

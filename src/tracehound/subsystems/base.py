@@ -70,5 +70,10 @@ class Subsystem:
         return DoctorReport([])
 
 
+def check_line(ok: bool, what: str, detail: str, mark: str | None = None) -> str:
+    """One `doctor` line: [ok], [!!] (a problem) or another mark, the thing, the detail."""
+    return f"  [{mark or ('ok' if ok else '!!')}] {what:<14} {detail}"
+
+
 def mode_lines(modes: dict[str, str]) -> list[str]:
     return [f"probe {name:<10} mode {mode}" for name, mode in modes.items()]

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from ..collectors.gpu import GpuCollector, gpu_inventory, open_gpu_collector
 from ..detect.gpu import GpuDetector, GpuWatcher
-from .base import DoctorReport, Subsystem
+from .base import DoctorReport, Subsystem, check_line
 
 
 class GpuSubsystem(Subsystem):
@@ -16,11 +16,14 @@ class GpuSubsystem(Subsystem):
         super().__init__(ctx)
         self.detector = GpuDetector()
         self.collector: GpuCollector | None = None
+        self._watcher: GpuWatcher | None = None
         self.summary = ""
 
     def start(self) -> None:
         self.collector, self.summary = open_gpu_collector(
             workload_labels=self.ctx.owners.of_pid, detector=self.detector)
+        if self.collector is not None:
+            self._watcher = GpuWatcher(self.collector.observations, self.detector)
 
     def close(self) -> None:
         if self.collector is not None:
@@ -30,9 +33,7 @@ class GpuSubsystem(Subsystem):
         return [self.collector, self.detector] if self.collector is not None else []
 
     def detectors(self) -> list:
-        if self.collector is None:
-            return []
-        return [GpuWatcher(self.collector.observations, self.detector)]
+        return [self._watcher] if self._watcher is not None else []
 
     def status_lines(self) -> list[str]:
         return [f"gpu: {self.summary}"]
@@ -43,10 +44,9 @@ class GpuSubsystem(Subsystem):
         found, reason = gpu_inventory(nvml)
         lines = ["gpu:"]
         if not found:
-            lines.append(f"  [--] {'nvml':<14} {reason} (GPU health metrics off)")
+            lines.append(check_line(False, "nvml", f"{reason} (GPU health metrics off)", mark="--"))
         for g in found:
             detail = "not answering (GPU lost)" if g["lost"] else f"{g['model']}  {g['uuid']}"
-            mark = "!!" if g["lost"] else "ok"
-            lines.append(f"  [{mark}] {'gpu ' + str(g['index']):<14} "
-                         f"{detail}  driver {g['driver_version']}")
+            lines.append(check_line(not g["lost"], f"gpu {g['index']}",
+                                    f"{detail}  driver {g['driver_version']}"))
         return DoctorReport(lines)

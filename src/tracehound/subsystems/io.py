@@ -7,7 +7,7 @@ from ..bpf import features
 from ..collectors.io import IoCollector
 from ..probes import object_path
 from ..probes.io import GROUPS, IoProbe, IoProbeConfig
-from .base import DoctorReport, Subsystem, mode_lines
+from .base import DoctorReport, Subsystem, check_line, mode_lines
 
 
 class IoSubsystem(Subsystem):
@@ -41,7 +41,7 @@ class IoSubsystem(Subsystem):
     def doctor(cls, hook_mode: str) -> DoctorReport:
         obj = object_path("io")
         found = os.path.exists(obj)
-        lines = [f"  [{'ok' if found else '!!'}] {'io probe':<14} {obj}"]
+        lines = [check_line(found, "io probe", obj)]
         problems = int(not found)
         for gp in features.plan(GROUPS, hook_mode):
             problems += gp.mode is None
