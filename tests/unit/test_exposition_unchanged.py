@@ -16,6 +16,8 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from tracehound.attribution.owners import Owners
 from tracehound.attribution.resolver import WorkloadResolver
+from tracehound.collectors.io import IoCollector
+from tracehound.collectors.rdma import RdmaCollector
 from tracehound.config import AgentConfig
 from tracehound.exporter.registry import register_all
 from tracehound.host.mounts import MountTable
@@ -86,11 +88,8 @@ def started_subsystems(maps):
     # the probes as start() leaves them, over fixed maps instead of loaded ones
     io.probe._maps = {n: FixedMap(maps[n]) for n in ("io_stats", "io_health")}
     io.probe.sync_mounts = lambda force=False: None
-    io.probe.plans = []
     io.probe.modes = lambda: {"io.read": "tracepoint", "io.write": "tracepoint",
                               "io.fsync": "tracepoint"}
-    from tracehound.collectors.io import IoCollector
-    from tracehound.collectors.rdma import RdmaCollector
     io.collector = IoCollector(io.probe, ctx.mounts, ctx.owners, ctx.config.max_series)
     rdma.probe._maps = {n: FixedMap(maps[n]) for n in RDMA_MAPS}
     rdma.probe.obj = object()       # available

@@ -30,9 +30,6 @@ log = logging.getLogger(__name__)
 OPS = ("read", "write", "open", "create", "unlink", "mkdir", "rmdir", "rename", "fsync")
 HISTS = ("read", "write", "fsync")
 HIST_SLOTS = 32
-# struct io_stats: bytes[2], calls[OP_MAX], errors[OP_MAX], lat_sum_ns[HIST_MAX],
-# hist[HIST_MAX][HIST_SLOTS], all __u64
-N_FIELDS = 2 + 2 * len(OPS) + len(HISTS) + len(HISTS) * HIST_SLOTS
 KEY_DEV = 1                          # IO_KEY_DEV: mnt holds a device number
 HEALTH = ("io_stats", "io_start")    # enum io_health: which map was full
 FSTYPE_LEN = 16
@@ -45,6 +42,8 @@ IO_KEY = Layout("io_key", [("cgroup_id", "Q"), ("mnt", "I"), ("flags", "I")])
 IO_STATS = Layout("io_stats", [
     ("bytes", "Q", 2), ("calls", "Q", len(OPS)), ("errors", "Q", len(OPS)),
     ("lat_sum_ns", "Q", len(HISTS)), ("hist", "Q", len(HISTS) * HIST_SLOTS)])
+# every field of struct io_stats is a __u64: Python reads it as one flat array
+N_FIELDS = IO_STATS.size // 8
 LAYOUTS = (
     IO_KEY, IO_STATS,
     Layout("io_config", [("agent_mnt_ns", "I"), ("tp_ops", "I")]),
