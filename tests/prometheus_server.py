@@ -27,26 +27,27 @@ def require() -> None:
                     "(scripts/install --dev does)")
 
 
-def launch(directory, config: dict, port: int) -> subprocess.Popen:
+def launch(directory, config: dict, port: int, flags=()) -> subprocess.Popen:
     """Start it without waiting for it: the configuration goes to
-    DIRECTORY/prometheus.yml, its output to DIRECTORY/prometheus.log."""
+    DIRECTORY/prometheus.yml, its output to DIRECTORY/prometheus.log;
+    `flags` are more command-line flags (e.g. --enable-feature=...)."""
     path = os.path.join(directory, "prometheus.yml")
     with open(path, "w") as f:
         yaml.safe_dump(config, f)
     with open(os.path.join(directory, "prometheus.log"), "w") as log:
         return subprocess.Popen([PROMETHEUS, f"--config.file={path}",
                                  f"--storage.tsdb.path={os.path.join(directory, 'data')}",
-                                 f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn"],
+                                 f"--web.listen-address=127.0.0.1:{port}", "--log.level=warn", *flags],
                                 stdout=log, stderr=subprocess.STDOUT)
 
 
 @contextmanager
-def serving(directory, config: dict) -> Iterator[str]:
+def serving(directory, config: dict, flags=()) -> Iterator[str]:
     """Its URL once it answers /-/ready (the test fails with its log if it
     never does); stopped when the block ends."""
     require()
     port = free_port()
-    proc = launch(directory, config, port)
+    proc = launch(directory, config, port, flags)
     url = f"http://127.0.0.1:{port}"
     try:
         try:

@@ -18,3 +18,4 @@ class AgentConfig:
     kubelet_url: str | None = None
     mountinfo: str = defaults.MOUNTINFO
     rdma_grace_s: float = defaults.RDMA_GRACE_S
+    latency_histograms: str = defaults.LATENCY_HISTOGRAMS

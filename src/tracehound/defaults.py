@@ -13,6 +13,10 @@ MOUNTINFO = "/proc/self/mountinfo"
 IO_MAX_ENTRIES = 8192
 # label sets per metric family before the rest fold into __overflow__ (0: no cap)
 MAX_SERIES = 10000
+# which labels the I/O latency histograms keep: per (cgroup, mount) they are
+# three quarters of every scrape
+LATENCY_HISTOGRAMS = "cgroup-mount"
+LATENCY_HISTOGRAM_CHOICES = ("cgroup-mount", "cgroup", "mount", "off")
 # capacity of the RDMA probe's mirror of the kernel's resource tracker
 RDMA_MAX_OBJECTS = 16384
 # how long RDMA objects may outlive their process, or the mirror disagree

@@ -24,6 +24,9 @@ class FakeMap:
     def __init__(self, items):
         self._items = items
 
+    def iter_items(self):
+        return iter(list(self._items))
+
     def items(self):
         return list(self._items)
 
@@ -107,8 +110,8 @@ def test_keys_for_same_mount_merge_and_dev_keys_resolve(tmp_path):
          value(calls=[0, 0, 0, 0, 0, 3, 0, 0, 0], errors=[0, 0, 0, 0, 0, 1, 0, 0, 0])),
     ]
     fams = collect(items, tmp_path)
-    lbl = {"cgroup": "/job/7", "mountpoint": "/scratch", "fstype": "tmpfs",
-           **dict.fromkeys(col.WORKLOAD_LABELS, "")}
+    # workload labels that do not apply are left out
+    lbl = {"cgroup": "/job/7", "mountpoint": "/scratch", "fstype": "tmpfs"}
 
     def val(fam, name=None):
         for s in fams[fam].samples:
@@ -167,6 +170,20 @@ def test_new_cgroup_at_a_reused_path_continues_the_counter(tmp_path):
     c.probe.maps["io_stats"]._items = [(old, value(write_bytes=10)), (new, value(write_bytes=1))]
     assert written(scrape(c), "/job/7") == [11]
     assert written(scrape(c), "/job/7") == [11]      # never back to 1
+
+
+def test_a_cgroup_recreated_after_the_last_export_starts_from_zero(tmp_path):
+    """The README's promise: continuation only while the old entries are
+    being retired; later, the path's series restarts (a counter reset)."""
+    old, new = KEY.pack(7, 40, 0), KEY.pack(8, 40, 0)
+    c = collector([(old, value(write_bytes=10))], tmp_path)
+    scrape(c)
+    c.cgroups.dead.add(7)
+    assert written(scrape(c), "/job/7") == [10]      # the last export
+    assert written(scrape(c), "/job/7") == []        # gone
+    c.cgroups.paths[8] = "/job/7"
+    c.probe.maps["io_stats"]._items = [(new, value(write_bytes=1))]
+    assert written(scrape(c), "/job/7") == [1]
 
 
 def test_series_cap_folds_the_rest_into_overflow(tmp_path):

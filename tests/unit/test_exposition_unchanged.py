@@ -3,8 +3,9 @@
 fixtures/exposition/maps.json holds fixed contents of every map the agent
 exports (raw key/value bytes in the probes' layouts); golden.prom is what the
 agent served for them, two scrapes in a row, before its subsystems were
-restructured. The maps are read through the probes' own read paths and the
-exposition through the agent's registry, so a changed name, label, value,
+restructured and before its exposition was written directly as bytes. The
+maps are read through the probes' own read paths and the exposition is the
+agent's own rendering of its registry, so a changed name, label, value,
 layout decoding or lifecycle (a removed cgroup exported once more, then gone)
 fails here. Families added since are left out of the comparison.
 """
@@ -12,14 +13,17 @@ import json
 import os
 import struct
 
-from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client import CollectorRegistry
+from prometheus_client.parser import text_string_to_metric_families
 
 from tracehound.attribution.owners import Owners
 from tracehound.attribution.resolver import WorkloadResolver
 from tracehound.collectors.io import IoCollector
 from tracehound.collectors.rdma import RdmaCollector
 from tracehound.config import AgentConfig
+from tracehound.exporter.exposition import TEXT, render
 from tracehound.exporter.registry import register_all
+from tracehound.exporter.scrape import Scraper
 from tracehound.host.mounts import MountTable
 from tracehound.probes.rdma_maps import MAPS as RDMA_MAPS
 from tracehound.subsystems.base import Context
@@ -50,6 +54,9 @@ class FixedMap:
 
     def items(self):
         return list(self.rows.items())
+
+    def iter_items(self):
+        return iter(self.items())
 
     def lookup(self, key):
         return self.rows.get(key)
@@ -99,18 +106,20 @@ def started_subsystems(maps):
     return [io, rdma]
 
 
-def blocks(text: str) -> dict[str, list[str]]:
-    """Family name -> its lines, sorted: neither the order collectors are
-    registered in nor the order of samples within a family (some come from
-    sets) means anything to a scraper."""
-    out, name = {}, None
-    for line in text.splitlines():
-        if line.startswith("# HELP "):
-            name = line.split()[2]
-        if name is None or name.startswith(NEW_FAMILIES) or name.startswith(LEFT_OUT):
+def samples(text: str) -> dict[str, tuple]:
+    """Family name -> (type, help, sorted samples). Labels with an empty
+    value are left out (the agent no longer writes them; Prometheus treats
+    them as absent), and neither the order collectors are registered in nor
+    the order of samples within a family (some come from sets) means
+    anything to a scraper."""
+    out = {}
+    for fam in text_string_to_metric_families(text):
+        if fam.name.startswith(NEW_FAMILIES) or fam.name.startswith(LEFT_OUT):
             continue
-        out.setdefault(name, []).append(line)
-    return {k: sorted(v) for k, v in out.items()}
+        rows = sorted((s.name, tuple(sorted((k, v) for k, v in s.labels.items() if v)), s.value)
+                      for s in fam.samples)
+        out[fam.name] = (fam.type, fam.documentation, rows)
+    return out
 
 
 def test_exposition_is_unchanged_for_the_same_map_contents():
@@ -119,12 +128,15 @@ def test_exposition_is_unchanged_for_the_same_map_contents():
     with open(os.path.join(HERE, "golden.prom")) as f:
         golden = f.read().split("# scrape ")[1:]
     registry = register_all(CollectorRegistry(auto_describe=False), started_subsystems(maps))
+    scraper = Scraper(registry)
     for n, reference in enumerate(golden, 1):
-        now = generate_latest(registry).decode()
-        want, got = blocks(reference.split("\n", 1)[1]), blocks(now)
+        # the agent's own rendering, as /metrics serves it
+        now = b"".join(render(scraper.families()[0], TEXT)).decode()
+        want, got = samples(reference.split("\n", 1)[1]), samples(now)
         assert sorted(got) == sorted(want), f"scrape {n}: families differ"
         for name in want:
             assert got[name] == want[name], f"scrape {n}: {name} differs"
+        assert '=""' not in now
     # and the agent reported its collectors healthy
     health = [l for l in now.splitlines() if l.startswith("tracehound_collector_success")]
     assert len(health) == 4 and all(l.endswith(" 1.0") for l in health), health

@@ -151,19 +151,23 @@ class Map:
 
     def items(self, chunk: int = 1024) -> list[tuple[bytes, bytes]]:
         """All (key, value) pairs, with batch lookups where the kernel has them."""
+        return list(self.iter_items(chunk))
+
+    def iter_items(self, chunk: int = 1024) -> Iterator[tuple[bytes, bytes]]:
+        """(key, value) pairs one batch at a time, so a reader that decodes
+        as it goes never holds the whole map's raw bytes at once."""
         if self._batch_ok:
             try:
-                return self._items_batch(chunk)
+                yield from self._items_batch(chunk)
+                return
             except _NoBatch:
                 self._batch_ok = False
-        out = []
         for k in self.keys():
             v = self.lookup(k)
             if v is not None:
-                out.append((k, v))
-        return out
+                yield k, v
 
-    def _items_batch(self, chunk: int) -> list[tuple[bytes, bytes]]:
+    def _items_batch(self, chunk: int) -> Iterator[tuple[bytes, bytes]]:
         lb = libbpf.lib()
         ks, vs = self.key_size, self.value_size
         keys = ctypes.create_string_buffer(ks * chunk)
@@ -171,7 +175,6 @@ class Map:
         # Hash maps use a bucket index as the batch token; 8 bytes covers all.
         token_in = ctypes.create_string_buffer(max(8, ks))
         token_out = ctypes.create_string_buffer(max(8, ks))
-        out: list[tuple[bytes, bytes]] = []
         first = True
         while True:
             count = ctypes.c_uint32(chunk)
@@ -189,12 +192,13 @@ class Map:
                 raise TracehoundError(f"map {self.name}: batch lookup failed: "
                                       + libbpf.strerror(err))
             kraw, vraw = keys.raw, values.raw
-            for i in range(count.value):
-                out.append((kraw[i * ks:(i + 1) * ks], vraw[i * vs:(i + 1) * vs]))
-            if ret < 0:  # ENOENT: that was the last batch
-                return out
-            ctypes.memmove(token_in, token_out, len(token_out))
+            # a no-batch kernel fails the first call, before anything is yielded
             first = False
+            for i in range(count.value):
+                yield kraw[i * ks:(i + 1) * ks], vraw[i * vs:(i + 1) * vs]
+            if ret < 0:  # ENOENT: that was the last batch
+                return
+            ctypes.memmove(token_in, token_out, len(token_out))
 
 
 class _NoBatch(Exception):

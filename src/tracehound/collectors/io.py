@@ -1,16 +1,21 @@
 """The I/O probe's decoded counters -> Prometheus metric families, at scrape time.
 
 Values come as flat arrays in struct io_stats' order (probes/io.py decodes
-them); this module only sums them per label set and names them.
+them); this module only sums them per label set and names them. Families are
+exposition.Rows: label blocks are rendered once per label set and kept while
+it lives, so a scrape of thousands of series only formats numbers.
 """
 from __future__ import annotations
 
 import array
+from operator import add
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from .. import defaults
 from ..attribution.owners import Owners
 from ..attribution.workload import WORKLOAD_LABELS
+from ..exporter.exposition import Blocks, HistogramRows, Log2Histogram, ValueRows
 from ..exporter.series import SeriesBook
 from ..host.mounts import MountTable
 from ..probes.io import HEALTH, HIST_SLOTS, HISTS, KEY_DEV, N_FIELDS, OPS, IoKey
@@ -18,31 +23,41 @@ from ..probes.io import HEALTH, HIST_SLOTS, HISTS, KEY_DEV, N_FIELDS, OPS, IoKey
 # Exported bucket bounds: 2^k ns for k in 10..31 (1 us .. 2.1 s). Kernel
 # slots below 2^10 ns fold into the first bucket; slot 31 only reaches +Inf.
 FIRST_EXPORTED_POW = 10
+LATENCY = Log2Histogram(HIST_SLOTS, 1e-9, FIRST_EXPORTED_POW)
 # where label sets beyond the series cap are counted
 OVERFLOW = ("__overflow__",) * 3 + ("",) * len(WORKLOAD_LABELS)
 LABELS = ["cgroup", "mountpoint", "fstype", *WORKLOAD_LABELS]
 BUCKET_BOUNDS = [(k, 2 ** k / 1e9) for k in range(FIRST_EXPORTED_POW, HIST_SLOTS)]
+# --latency-histograms (defaults.LATENCY_HISTOGRAM_CHOICES): the indexes in
+# LABELS each latency histogram keeps (None: all); the counters keep all.
+HISTOGRAM_LABELS = {
+    "cgroup-mount": None,
+    "cgroup": (0, *range(3, len(LABELS))),
+    "mount": (1, 2),
+    "off": (),
+}
 
 
 _CALLS, _ERRORS = 2, 2 + len(OPS)
 _LAT = 2 + 2 * len(OPS)
 _HIST = _LAT + len(HISTS)
+_HIST_CALLS = [(OPS.index(op), _HIST + h * HIST_SLOTS) for h, op in enumerate(HISTS)]
 
 
 class IoSample:
     """Counters for one (cgroup, mount) label set, summed over map keys.
 
     One flat array in the kernel's value layout: many of these are alive
-    between scrapes, and a single buffer each keeps the heap from fragmenting."""
+    between scrapes, and a single buffer each keeps the heap from fragmenting.
+    A sample built from a decoded entry adopts its array (no copy): most
+    label sets have exactly one entry."""
     __slots__ = ("v",)
 
-    def __init__(self):
-        self.v = array.array("Q", bytes(8 * N_FIELDS))
+    def __init__(self, values: array.array | None = None):
+        self.v = values if values is not None else array.array("Q", bytes(8 * N_FIELDS))
 
     def add(self, raw: array.array) -> None:
-        v = self.v
-        for i in range(N_FIELDS):
-            v[i] += raw[i]
+        self.v = array.array("Q", map(add, self.v, raw))
 
     def merge(self, other: "IoSample") -> None:
         self.add(other.v)
@@ -53,10 +68,11 @@ class IoSample:
 
     @property
     def calls(self) -> list[int]:
-        calls = list(self.v[_CALLS:_CALLS + len(OPS)])
-        for op, row in zip(HISTS, self.hist):
+        v = self.v
+        calls = list(v[_CALLS:_CALLS + len(OPS)])
+        for op, at in _HIST_CALLS:
             # the kernel counts these calls only in their histogram
-            calls[OPS.index(op)] += sum(row)
+            calls[op] += sum(v[at:at + HIST_SLOTS])
         return calls
 
     @property
@@ -73,23 +89,23 @@ class IoSample:
                 for h in range(len(HISTS))]
 
 
-def _sample(out: dict, labels: tuple) -> IoSample:
-    sample = out.get(labels)
-    if sample is None:
-        sample = out[labels] = IoSample()
-    return sample
-
-
 class IoCollector:
     """Collector over a started IoProbe: reads its counters, never its maps."""
 
     name = "io"
 
-    def __init__(self, probe, mounts: MountTable, owners: Owners, max_series: int = 0):
+    def __init__(self, probe, mounts: MountTable, owners: Owners, max_series: int = 0,
+                 latency_histograms: str = defaults.LATENCY_HISTOGRAMS):
+        if latency_histograms not in HISTOGRAM_LABELS:
+            raise ValueError(f"latency histograms by {latency_histograms!r}: expected one of "
+                             + ", ".join(HISTOGRAM_LABELS))
         self.probe = probe
         self.mounts = mounts
         self.owners = owners
         self.book: SeriesBook[IoSample] = SeriesBook(IoSample, OVERFLOW, max_series)
+        self.histogram_labels = HISTOGRAM_LABELS[latency_histograms]
+        self.blocks = Blocks(LABELS)
+        self.workload_blocks = Blocks(["cgroup", *WORKLOAD_LABELS])
         self.entries = 0
 
     def mount_labels(self, mnt: int, flags: int) -> tuple[str, str]:
@@ -112,74 +128,110 @@ class IoCollector:
 
         Entries of removed cgroups are read one last time, deleted from the
         kernel map and handed to the series book, which exports them once
-        more: no map growth, and every byte is exported."""
+        more: no map growth, and every byte is exported. Label sets are
+        admitted (or folded into overflow) as entries are read, so entries
+        beyond the series cap never pile up."""
         self.owners.new_scrape()
-        items = self.probe.stats()
         live: dict[tuple[str, ...], IoSample] = {}
         dead: list[IoKey] = []
-        for key, values in items:
-            if not self.owners.alive(key.cgroup_id):
+        alive: dict[int, bool] = {}
+        labels_of: dict[tuple[int, int, int], tuple[str, ...]] = {}
+        admit = self.book.admit
+        total = 0
+        for key, values in self.probe.stats():
+            total += 1
+            ok = alive.get(key.cgroup_id)
+            if ok is None:
+                ok = alive[key.cgroup_id] = self.owners.alive(key.cgroup_id)
+            if not ok:
                 dead.append(key)
                 continue
-            _sample(live, self._labels(key)).add(values)
+            labels = labels_of.get(key)
+            if labels is None:
+                labels = labels_of[key] = admit(self._labels(key))
+            sample = live.get(labels)
+            if sample is None:
+                live[labels] = IoSample(values)
+            else:
+                sample.add(values)
         retired: dict[tuple[str, ...], IoSample] = {}
         # dead before this read, so nothing can add to them any more
         for key, values in self.probe.retire(dead):
-            _sample(retired, self._labels(key)).add(values)
-        self.entries = len(items) - len(dead)
+            labels = self._labels(key)
+            sample = retired.get(labels)
+            if sample is None:
+                retired[labels] = IoSample(values)
+            else:
+                sample.add(values)
+        self.entries = total - len(dead)
         gone = {k.cgroup_id for k in dead}
-        self.owners.retain(self.name, {k.cgroup_id for k, _ in items} - gone, gone)
+        self.owners.retain(self.name, {cg for cg, ok in alive.items() if ok}, gone)
         return self.book.scrape(live, retired)
 
     def collect(self):
-        labels = LABELS
         samples = self.samples()
+        self.blocks.rotate()
+        get = self.blocks.get
+        blocks = [get(lv) for lv in samples]
+        rows = list(samples.values())
 
-        def counter(name, doc):
-            return CounterMetricFamily(f"tracehound_io_{name}", doc, labels=labels)
+        def counter(name, doc, values):
+            return ValueRows(f"tracehound_io_{name}", doc, "counter", blocks, values)
 
-        read_b = counter("read_bytes", "Bytes returned by read-type calls (return value, not request size).")
-        write_b = counter("write_bytes", "Bytes accepted by write-type calls (return value, not request size).")
-        reqs = {op: counter(f"{op}_requests", f"{op} calls, successful or not.") for op in OPS}
-        errs = {op: counter(f"{op}_errors", f"{op} calls that returned an error.") for op in OPS}
-        hists = {h: HistogramMetricFamily(f"tracehound_io_{h}_latency_seconds",
-                                          f"Latency of {h} calls (log2 buckets).", labels=labels)
-                 for h in HISTS}
-        for lv, s in samples.items():
-            lv = list(lv)
-            nbytes, calls, errors, lat, rows = s.bytes, s.calls, s.errors, s.lat_sum_ns, s.hist
-            read_b.add_metric(lv, nbytes[0])
-            write_b.add_metric(lv, nbytes[1])
-            for i, op in enumerate(OPS):
-                reqs[op].add_metric(lv, calls[i])
-                errs[op].add_metric(lv, errors[i])
-            for i, h in enumerate(HISTS):
-                row = rows[i]
-                cum = sum(row[:FIRST_EXPORTED_POW - 1])
-                buckets = []
-                for k, bound in BUCKET_BOUNDS:
-                    # slot k-1 holds [2^(k-1), 2^k) ns, so it is <= 2^k ns
-                    cum += row[k - 1]
-                    buckets.append((repr(bound), cum))
-                buckets.append(("+Inf", sum(row)))
-                hists[h].add_metric(lv, buckets, lat[i] / 1e9)
-        yield read_b
-        yield write_b
-        for op in OPS:
-            yield reqs[op]
-            yield errs[op]
-        yield from hists.values()
+        yield counter("read_bytes",
+                      "Bytes returned by read-type calls (return value, not request size).",
+                      [s.v[0] for s in rows])
+        yield counter("write_bytes",
+                      "Bytes accepted by write-type calls (return value, not request size).",
+                      [s.v[1] for s in rows])
+        calls = [s.calls for s in rows]
+        for i, op in enumerate(OPS):
+            yield counter(f"{op}_requests", f"{op} calls, successful or not.",
+                          [c[i] for c in calls])
+            yield counter(f"{op}_errors", f"{op} calls that returned an error.",
+                          [s.v[_ERRORS + i] for s in rows])
+        yield from self._histograms(samples)
         yield self._workload_info(samples)
         yield from self._health()
 
-    def _workload_info(self, samples) -> GaugeMetricFamily:
-        fam = GaugeMetricFamily(
-            "tracehound_workload_info",
-            "The workload a cgroup belongs to (always 1), for joins on the cgroup label.",
-            labels=["cgroup", *WORKLOAD_LABELS])
-        for lv in {(lv[0], *lv[3:]) for lv in samples if lv != OVERFLOW}:
-            fam.add_metric(list(lv), 1)
-        return fam
+    def _histograms(self, samples: dict[tuple[str, ...], IoSample]):
+        keep = self.histogram_labels
+        if keep == ():
+            return
+        if keep is None:
+            groups = samples
+        else:
+            # sum each histogram over the labels it does not keep
+            groups = {}
+            blank = ("",) * len(LABELS)
+            for lv, s in samples.items():
+                key = list(blank)
+                for i in keep:
+                    key[i] = lv[i]
+                key = tuple(key)
+                g = groups.get(key)
+                if g is None:
+                    groups[key] = IoSample(array.array("Q", s.v))
+                else:
+                    g.merge(s)
+        get = self.blocks.get
+        blocks = [get(lv) for lv in groups]
+        rows = [s.v for s in groups.values()]
+        for h, op in enumerate(HISTS):
+            at = _HIST + h * HIST_SLOTS
+            yield HistogramRows(f"tracehound_io_{op}_latency_seconds",
+                                f"Latency of {op} calls (log2 buckets).", blocks,
+                                [v[at:at + HIST_SLOTS] for v in rows],
+                                [v[_LAT + h] / 1e9 for v in rows], LATENCY)
+
+    def _workload_info(self, samples) -> ValueRows:
+        self.workload_blocks.rotate()
+        get = self.workload_blocks.get
+        blocks = [get(lv) for lv in dict.fromkeys((lv[0], *lv[3:]) for lv in samples
+                                                  if lv != OVERFLOW)]
+        return ValueRows("tracehound_workload_info",
+                         "The workload a cgroup belongs to (always 1), for joins on the "
+                         "cgroup label.", "gauge", blocks, [1] * len(blocks))
 
     def _health(self):
         fam = CounterMetricFamily("tracehound_map_full_drops",

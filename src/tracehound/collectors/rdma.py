@@ -5,7 +5,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..attribution.owners import Owners
 from ..attribution.workload import WORKLOAD_LABELS
-from ..probes.rdma_maps import EVENTS, HEALTH, OPS, QP_STATES, MirrorObject, errno_name
+from ..probes.rdma_maps import HEALTH, OPS, QP_STATES, MirrorObject, errno_name
 
 KERNEL_OWNER = "kernel"                 # cgroup label of objects a kernel module owns
 

@@ -36,6 +36,12 @@ def add_parser(sub, hook) -> None:
     run.add_argument("--max-series", type=int, default=defaults.MAX_SERIES, metavar="N",
                      help="most label sets per metric family; the rest are summed into one "
                           f"series labelled __overflow__ (default {defaults.MAX_SERIES}, 0: no limit)")
+    run.add_argument("--latency-histograms", choices=defaults.LATENCY_HISTOGRAM_CHOICES,
+                     default=defaults.LATENCY_HISTOGRAMS,
+                     help="which labels the I/O latency histograms keep: cgroup-mount (every "
+                          "label set, like the counters), cgroup (summed over mounts), mount "
+                          "(summed over cgroups) or off; per label set they are three quarters "
+                          f"of a scrape (default {defaults.LATENCY_HISTOGRAMS})")
     run.add_argument("--rdma-grace", type=float, default=defaults.RDMA_GRACE_S, metavar="SECONDS",
                      help="how long RDMA objects may outlive their process, or the mirror "
                           f"disagree with the kernel, before it is an anomaly "
@@ -53,4 +59,5 @@ def _run(args) -> int:
     skip = () if args.count_all_fstypes else args.skip_fstypes
     return run(AgentConfig(args.listen, args.hook_mode, skip, args.max_entries, args.max_series,
                            args.pod_logs_dir, args.kubelet_url, rdma_grace_s=args.rdma_grace,
-                           mountinfo=args.mountinfo))
+                           mountinfo=args.mountinfo,
+                           latency_histograms=args.latency_histograms))

@@ -23,7 +23,7 @@ half-broken proxies. None of those may stop the others, so:
   threads; it returns within its timeout whatever the clients do.
 
 The application is a function `Request -> Response` (messages.py); responses
-are built in memory, so each has a Content-Length and HEAD is answered by the
+are built in memory (as one or more chunks), so each has a Content-Length and HEAD is answered by the
 server (headers only). Nothing here logs a line per request or prints a traceback: failures go to
 the debug log, and the client gets a plain-text status.
 """
@@ -250,12 +250,13 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             log.debug("unsendable response headers: %r", exc)
             response = text_response(500, "internal error\n")
             head = self._head(response)
-        body = b"" if self.command == "HEAD" else response.body
-        if len(body) <= _SEND_CHUNK:
-            self._send(head + body)
-        else:
-            self._send(head)
-            self._send(body)
+        chunks = [] if self.command == "HEAD" else response.chunks
+        if not chunks or response.length <= _SEND_CHUNK:
+            self._send(head + b"".join(chunks))
+            return
+        self._send(head)
+        for chunk in chunks:
+            self._send(chunk)
 
     def _head(self, response: Response) -> bytes:
         lines = [f"HTTP/1.1 {response.status} {response.reason or status_reason(response.status)}",
@@ -266,7 +267,7 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 raise ValueError(f"bad header {name!r}")
             if name.lower() not in _HOP_BY_HOP:
                 lines.append(f"{name}: {value}")
-        lines.append(f"Content-Length: {len(response.body)}")
+        lines.append(f"Content-Length: {response.length}")
         if self.close_connection:
             lines.append("Connection: close")
         elif self.request_version == "HTTP/1.0":

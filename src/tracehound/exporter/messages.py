@@ -1,16 +1,12 @@
 """What the agent's HTTP server exchanges with its applications: a parsed
-Request, an in-memory Response, and the two applications it serves
-(a Prometheus registry, and WSGI apps such as /events)."""
+Request, an in-memory Response, and how WSGI apps such as /events are
+called (/metrics is scrape.py's)."""
 from __future__ import annotations
 
-import gzip
 import http
 import io
 import logging
-import urllib.parse
 from typing import Callable, Iterable, Optional
-
-from prometheus_client.exposition import choose_encoder
 
 log = logging.getLogger(__name__)
 
@@ -36,17 +32,25 @@ class Request:
 
 
 class Response:
-    """Status, headers and the whole body. Content-Length and Connection
-    are the server's to set; an application's own are dropped."""
+    """Status, headers and the whole body, as bytes or as a list of byte
+    chunks (a large exposition is sent as rendered, never joined into a
+    second copy). Content-Length and Connection are the server's to set; an
+    application's own are dropped."""
 
-    __slots__ = ("status", "body", "headers", "reason")
+    __slots__ = ("status", "chunks", "length", "headers", "reason")
 
-    def __init__(self, status: int, body: bytes = b"", headers: Iterable = (),
+    def __init__(self, status: int, body=b"", headers: Iterable = (),
                  reason: Optional[str] = None):
         self.status = int(status)
-        self.body = bytes(body)
+        chunks = [bytes(body)] if isinstance(body, (bytes, bytearray, memoryview)) else body
+        self.chunks = [c for c in chunks if c]
+        self.length = sum(map(len, self.chunks))
         self.headers = list(headers)
         self.reason = reason
+
+    @property
+    def body(self) -> bytes:
+        return b"".join(self.chunks)
 
 
 def text_response(status: int, text: str, headers: Iterable = ()) -> Response:
@@ -60,7 +64,7 @@ def status_reason(status: int) -> str:
         return "Unknown"
 
 
-def _gzip_accepted(header: Optional[str]) -> bool:
+def gzip_accepted(header: Optional[str]) -> bool:
     """Accept-Encoding lists gzip with a non-zero quality."""
     for item in (header or "").split(","):
         coding, *params = [part.strip() for part in item.split(";")]
@@ -75,26 +79,6 @@ def _gzip_accepted(header: Optional[str]) -> bool:
                     return False
         return True
     return False
-
-
-def metrics_response(registry, request: Request) -> Response:
-    """The registry in the format the Accept header asks for (Prometheus
-    text, or OpenMetrics for application/openmetrics-text), gzipped when
-    Accept-Encoding allows; `?name[]=x` restricts it to those series, as
-    prometheus_client's own handlers do."""
-    try:
-        encoder, content_type = choose_encoder(request.headers.get("Accept") or "")
-    except Exception:                  # a malformed version= in Accept
-        encoder, content_type = choose_encoder("")
-    names = urllib.parse.parse_qs(request.query).get("name[]")
-    if names and hasattr(registry, "restricted_registry"):
-        registry = registry.restricted_registry(names)
-    body = encoder(registry)
-    headers = [("Content-Type", content_type), ("Vary", "Accept, Accept-Encoding")]
-    if _gzip_accepted(request.headers.get("Accept-Encoding")):
-        body = gzip.compress(body, compresslevel=6, mtime=0)
-        headers.append(("Content-Encoding", "gzip"))
-    return Response(200, body, headers)
 
 
 class _ErrorSink:

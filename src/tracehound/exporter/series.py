@@ -12,7 +12,8 @@ the number of label sets must stay bounded. SeriesBook keeps both promises:
   rest are folded into one overflow label set whose counters only grow.
 
 Samples are any objects with a `merge(other)` method and a zero-argument
-constructor (`factory`).
+constructor (`factory`). The live samples handed to `scrape` are adopted,
+not copied: the caller builds them fresh for each scrape.
 """
 from __future__ import annotations
 
@@ -32,7 +33,8 @@ class SeriesBook(Generic[S]):
         self._base: dict[Hashable, S] = {}
         self.folded_total = 0             # label sets ever sent to overflow
 
-    def _admit(self, labels: Labels) -> Labels:
+    def admit(self, labels: Labels) -> Labels:
+        """The label set to count `labels` under: itself, or overflow."""
         if labels in self._admitted or labels == self.overflow:
             return labels
         if not self.max_series or len(self._admitted) < self.max_series:
@@ -50,7 +52,7 @@ class SeriesBook(Generic[S]):
         out: dict[Labels, S] = {}
         just_retired = set()
         for labels, sample in retired.items():
-            key = self._admit(labels)
+            key = self.admit(labels)
             base = self._base.get(key)
             if base is None:
                 base = self._base[key] = self.factory()
@@ -60,12 +62,13 @@ class SeriesBook(Generic[S]):
                 self._folded.discard(labels)
         in_use = set()
         for labels, sample in live.items():
-            key = self._admit(labels)
+            key = self.admit(labels)
             in_use.add(key)
             merged = out.get(key)
             if merged is None:
-                merged = out[key] = self.factory()
-            merged.merge(sample)
+                out[key] = sample
+            else:
+                merged.merge(sample)
         for key, base in list(self._base.items()):
             if key in in_use or key in just_retired or key == self.overflow:
                 merged = out.get(key)

@@ -8,7 +8,8 @@ from prometheus_client import CollectorRegistry
 from .. import defaults
 from ..errors import SetupError
 from .http import DEFAULT_BACKLOG, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, HTTPServer
-from .messages import Request, Response, call_wsgi, metrics_response, text_response
+from .messages import Request, Response, call_wsgi, text_response
+from .scrape import Scraper
 
 DEFAULT_LISTEN = defaults.LISTEN
 
@@ -39,6 +40,7 @@ class Exporter:
                  max_connections: int = DEFAULT_MAX_CONNECTIONS,
                  backlog: int = DEFAULT_BACKLOG):
         self.registry = registry
+        self.scraper = Scraper(registry)
         self.routes = dict(routes or {})
         self.host, self.port = parse_listen(listen)
         self.idle_timeout = idle_timeout
@@ -67,7 +69,7 @@ class Exporter:
             if not self._ready:
                 return text_response(503, "tracehound: probes are loading, no metrics yet\n",
                                      [("Retry-After", "5")])
-            return metrics_response(self.registry, request)
+            return self.scraper.respond(request)
         if request.path == "/healthz":
             return text_response(200, "ok\n")
         if request.path == "/readyz":

@@ -14,7 +14,7 @@ import select
 import struct
 import threading
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Iterator, NamedTuple
 
 from .. import defaults
 from ..bpf import features
@@ -249,12 +249,14 @@ class IoProbe:
         self._lpm_keys = set(wanted)
 
     # -- reading ------------------------------------------------------------
-    def stats(self) -> list[tuple[IoKey, array.array]]:
-        """Every (cgroup, mount) entry of the counters, decoded. The mount
-        table is synced first, so every mount id read has its name."""
+    def stats(self) -> Iterator[tuple[IoKey, array.array]]:
+        """Every (cgroup, mount) entry of the counters, decoded as it is read
+        (one batch of raw values at a time). The mount table is synced
+        first, so every mount id read has its name."""
         self.sync_mounts()
-        return [(IoKey(*KEY.unpack(k)), decode_values(v))
-                for k, v in self._maps["io_stats"].items()]
+        unpack = KEY.unpack
+        for k, v in self._maps["io_stats"].iter_items():
+            yield IoKey(*unpack(k)), decode_values(v)
 
     def retire(self, keys: list[IoKey]) -> list[tuple[IoKey, array.array]]:
         """Read these entries one last time and delete them (their cgroup is

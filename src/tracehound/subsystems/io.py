@@ -22,8 +22,9 @@ class IoSubsystem(Subsystem):
 
     def start(self) -> None:
         self.probe.start()
+        c = self.ctx.config
         self.collector = IoCollector(self.probe, self.ctx.mounts, self.ctx.owners,
-                                     self.ctx.config.max_series)
+                                     c.max_series, c.latency_histograms)
 
     def close(self) -> None:
         self.probe.close()
