@@ -20,7 +20,8 @@ from tracehound.collectors.rdma import RdmaCollector
 from tracehound.detect.rdma import RdmaDetector
 from tracehound.probes.rdma_maps import MirrorObject, RdmaSnapshot
 
-SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count"),
+# a histogram's bare name is what queries use once it is scraped as a native one
+SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count", ""),
             "summary": ("", "_sum", "_count"), "info": ("_info",)}
 # names only NVML (GPU) or the RDMA probe produce
 DEVICE_PREFIXES = {"gpu": ("tracehound_gpu_", "tracehound_nic_"), "rdma": ("tracehound_rdma_",)}

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from itertools import accumulate
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 from prometheus_client import exposition as text_exposition
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
@@ -225,9 +225,9 @@ class HistogramRows(Rows):
             fam.samples.extend(one.samples)
         return fam
 
-    def text(self, openmetrics: bool) -> list[bytes]:
+    def text(self, openmetrics: bool) -> Iterator[bytes]:
         help_ = _escape_help(self.documentation, openmetrics)
-        out = [f"# HELP {self.name} {help_}\n# TYPE {self.name} histogram\n".encode()]
+        yield f"# HELP {self.name} {help_}\n# TYPE {self.name} histogram\n".encode()
         template = self.shape.template(self.name)
         cumulative = self.shape.cumulative
         n = len(self.shape.bounds) + 1
@@ -242,8 +242,7 @@ class HistogramRows(Rows):
                 args[2 * n + 1] = cum[-1]
                 args[2 * n + 3] = total
                 chunk.append(template % tuple(args))
-            out.append(b"".join(chunk))
-        return out
+            yield b"".join(chunk)
 
     def proto(self) -> bytes:
         offset = self.shape.native_offset
@@ -285,26 +284,26 @@ def _library_text(families: list, openmetrics: bool) -> bytes:
     return text_exposition.generate_latest(_Families(families))
 
 
-def render(families: Iterable[Metric], fmt: str) -> list[bytes]:
-    """The families in one format (TEXT, OPENMETRICS or PROTOBUF), as a
-    list of byte chunks to send in order."""
+def render(families: Iterable[Metric], fmt: str) -> Iterator[bytes]:
+    """The families in one format (TEXT, OPENMETRICS or PROTOBUF), as byte
+    chunks to send in order, rendered as they are asked for: a consumer
+    that compresses as it goes never holds the whole uncompressed body."""
     if fmt == PROTOBUF:
-        return [f.proto() if isinstance(f, Rows) else protobuf.from_metric(f)
-                for f in families]
+        for f in families:
+            yield f.proto() if isinstance(f, Rows) else protobuf.from_metric(f)
+        return
     openmetrics = fmt == OPENMETRICS
-    out: list[bytes] = []
     plain: list[Metric] = []
     for fam in families:
         if isinstance(fam, Rows):
-            out.append(_library_text(plain, openmetrics))
+            yield _library_text(plain, openmetrics)
             plain = []
-            out.extend(fam.text(openmetrics))
+            yield from fam.text(openmetrics)
         else:
             plain.append(fam)
-    out.append(_library_text(plain, openmetrics))
+    yield _library_text(plain, openmetrics)
     if openmetrics:
-        out.append(b"# EOF\n")
-    return [chunk for chunk in out if chunk]
+        yield b"# EOF\n"
 
 
 def choose(accept: str | None) -> str:

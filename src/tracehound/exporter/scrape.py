@@ -90,13 +90,17 @@ class Scraper:
         if names:
             families = list(restrict(families, set(names)))
         fmt = exposition.choose(request.headers.get("Accept"))
-        body = exposition.render(families, fmt)
+        chunks = exposition.render(families, fmt)
         headers = [("Content-Type", exposition.CONTENT_TYPES[fmt]),
                    ("Vary", "Accept, Accept-Encoding")]
         if gzip_accepted(request.headers.get("Accept-Encoding")):
+            # compressed chunk by chunk: only the compressed body is kept
             gz = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
-            body = [gz.compress(chunk) for chunk in body] + [gz.flush()]
+            body = [gz.compress(chunk) for chunk in chunks]
+            body.append(gz.flush())
             headers.append(("Content-Encoding", "gzip"))
+        else:
+            body = list(chunks)
         if leader and not names:
             self.last_duration_s = time.perf_counter() - start
             self.last_samples = exposition.samples_in(families)
