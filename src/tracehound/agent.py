@@ -20,6 +20,7 @@ from .errors import SetupError
 from .exporter.events import EventLog
 from .exporter.registry import register_all
 from .exporter.server import Exporter
+from .host.memory import release_free_memory
 from .host.mounts import MountTable
 from .subsystems import SUBSYSTEMS
 from .subsystems.base import Context
@@ -66,6 +67,8 @@ class Agent:
         self.schedule = DetectorSchedule(
             [d for s in self.subsystems for d in s.detectors()]).start()
         self.exporter.set_ready(True)
+        # libbpf freed the kernel BTF it parsed while loading: give it back
+        release_free_memory()
         return self
 
     def stop(self) -> None:

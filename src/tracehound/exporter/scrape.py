@@ -16,6 +16,7 @@ from typing import Iterable, Optional
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
+from ..host.memory import release_free_memory
 from . import exposition
 from .messages import Request, Response, gzip_accepted
 
@@ -104,6 +105,10 @@ class Scraper:
         if leader and not names:
             self.last_duration_s = time.perf_counter() - start
             self.last_samples = exposition.samples_in(families)
+        if leader:
+            del families, chunks
+            # what this collection and its uncompressed rendering held
+            release_free_memory()
         return Response(200, body, headers)
 
 
