@@ -118,5 +118,5 @@ def test_sample_names_follow_family_types():
         "# TYPE a_seconds histogram\n"
         'a_seconds_bucket{le="+Inf"} 1\na_seconds_sum 0.5\na_seconds_count 1\n'
         "# TYPE b counter\nb_total 3\n# TYPE c_count gauge\nc_count 1\n"))
-    assert sample_names(fams) == {"a_seconds_bucket", "a_seconds_sum", "a_seconds_count",
-                                  "b_total", "c_count"}
+    assert sample_names(fams) == {"a_seconds", "a_seconds_bucket", "a_seconds_sum",
+                                  "a_seconds_count", "b_total", "c_count"}
