@@ -1,6 +1,9 @@
 """Decoding of the io_stats map layout and the histogram export."""
 import struct
 
+import pytest
+
+from tracehound import defaults
 from tracehound.attribution.owners import Owners
 from tracehound.attribution.resolver import WorkloadResolver
 from tracehound.collectors import io as col
@@ -75,13 +78,14 @@ class FakeCgroups:
         return self.paths.get(cgid, f"unknown:{cgid}")
 
 
-def collector(items, tmp_path, max_series=0):
+def collector(items, tmp_path, max_series=0, latency_histograms="cgroup-mount"):
     p = tmp_path / "mi"
     p.write_text(SAMPLE)
     workloads = WorkloadResolver(job_id_source=None, pod_source=None, v1_lookup=False)
     mounts = MountTable(str(p))
     cgroups = FakeCgroups()
-    c = col.IoCollector(FakeProbe(items, mounts), mounts, Owners(cgroups, workloads), max_series)
+    c = col.IoCollector(FakeProbe(items, mounts), mounts, Owners(cgroups, workloads), max_series,
+                        latency_histograms)
     c.cgroups = cgroups
     return c
 
@@ -212,3 +216,53 @@ def test_every_series_carries_the_workload_labels(tmp_path):
     info = fams["tracehound_workload_info"].samples
     assert len(info) == 1 and info[0].labels["cgroup"] == c.cgroups.paths[30]
     assert info[0].labels["job_id"] == "42"
+
+
+def read_hist(slot: int, n: int):
+    hist = [[0] * col.HIST_SLOTS for _ in col.HISTS]
+    hist[0][slot] = n
+    return hist
+
+
+def histogram_series(fams, name="tracehound_io_read_latency_seconds"):
+    """labels (without le) -> count, for each series of the histogram."""
+    return {tuple(sorted(s.labels.items())): s.value
+            for s in fams[name].samples if s.name.endswith("_count")}
+
+
+def test_latency_histograms_keep_the_labels_asked_for(tmp_path):
+    items = [(KEY.pack(7, 40, 0), value(hist=read_hist(12, 5), lat=[50_000, 0, 0])),
+             (KEY.pack(8, 40, 0), value(hist=read_hist(14, 2), lat=[30_000, 0, 0])),
+             (KEY.pack(7, 27, 0), value(hist=read_hist(12, 1), lat=[9_000, 0, 0]))]
+
+    def scraped(where):
+        c = collector(items, tmp_path, latency_histograms=where)
+        c.cgroups.paths[8] = "/job/8"
+        return scrape(c)
+
+    every = histogram_series(scraped("cgroup-mount"))
+    assert len(every) == 3 and sum(every.values()) == 8
+    mount = scraped("mount")
+    assert histogram_series(mount) == {
+        (("fstype", "tmpfs"), ("mountpoint", "/scratch")): 7,
+        (("fstype", "ext4"), ("mountpoint", "/")): 1}
+    sums = {tuple(sorted(s.labels.items())): s.value
+            for s in mount["tracehound_io_read_latency_seconds"].samples if s.name.endswith("_sum")}
+    assert sums[(("fstype", "tmpfs"), ("mountpoint", "/scratch"))] == 80e-6
+    assert histogram_series(scraped("cgroup")) == {(("cgroup", "/job/7"),): 6,
+                                                   (("cgroup", "/job/8"),): 2}
+    off = scraped("off")
+    assert not any(name.endswith("_latency_seconds") for name in off)
+    # the counters keep every label set whatever the histograms do, and the
+    # histogram's calls still count
+    for fams in (mount, off):
+        reads = {s.labels["cgroup"]: s.value for s in fams["tracehound_io_read_requests"].samples
+                 if s.labels["mountpoint"] == "/scratch"}
+        assert reads == {"/job/7": 5, "/job/8": 2}
+
+
+def test_latency_histogram_choices_are_the_command_line_ones(tmp_path):
+    assert tuple(col.HISTOGRAM_LABELS) == defaults.LATENCY_HISTOGRAM_CHOICES
+    assert defaults.LATENCY_HISTOGRAMS in col.HISTOGRAM_LABELS
+    with pytest.raises(ValueError, match="latency histograms"):
+        collector([], tmp_path, latency_histograms="pod")
