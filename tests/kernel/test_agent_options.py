@@ -1,4 +1,5 @@
-"""Agent options that change what the kernel counts: skip list and map size."""
+"""Agent options that change what the kernel counts or how it is exported: skip list,
+map size, mount namespace, latency histograms."""
 import os
 
 import pytest
@@ -58,5 +59,23 @@ def test_agent_in_its_own_mount_namespace(hook_mode, cgroup_root, cgroup, tmpfs,
         total = series(m, "tracehound_io_write_bytes_total", cgroup=cgroup)
         assert total == size
         assert named == (size if mountinfo == "host" else 0)
+    finally:
+        stop_agent(a)
+
+
+def test_latency_histograms_per_mount(hook_mode, cgroup_root, cgroup, tmpfs):
+    a = start_agent(hook_mode, "--latency-histograms", "mount")
+    try:
+        run_in_cgroup(cgroup_root, cgroup, [["write", os.path.join(tmpfs, "lat"), 12, 4]])
+        m = a.scrape()
+        # the counters keep the cgroup; the histogram is summed over cgroups
+        assert series(m, "tracehound_io_write_requests_total", cgroup=cgroup) == 3
+        hist = [ls for (name, ls), _ in m.items()
+                if name == "tracehound_io_write_latency_seconds_count"]
+        assert hist and all("cgroup" not in dict(ls) for ls in hist)
+        mine = [v for (name, ls), v in m.items()
+                if name == "tracehound_io_write_latency_seconds_count"
+                and dict(ls).get("mountpoint") == tmpfs]
+        assert mine and mine[0] >= 3
     finally:
         stop_agent(a)
