@@ -15,6 +15,8 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tracehound.errors import SetupError
 from tracehound.exporter.events import EventLog
+from tracehound.exporter.http import HTTPServer
+from tracehound.exporter.messages import Response
 from tracehound.exporter.server import Exporter
 
 TIMEOUT = 5     # generous: a server that stalls fails the test instead of hanging it
@@ -274,10 +276,12 @@ def test_openmetrics_when_the_client_asks_for_it(serve):
 
 def test_head_answers_the_headers_only(serve):
     exporter = serve()
-    _, _, full = get(exporter, "/metrics?name[]=test_temperature_celsius")
-    status, headers, body = get(exporter, "/metrics?name[]=test_temperature_celsius",
-                                method="HEAD")
+    _, _, full = get(exporter, "/healthz")
+    status, headers, body = get(exporter, "/healthz", method="HEAD")
     assert status == 200 and body == b"" and int(headers["Content-Length"]) == len(full) > 0
+    # /metrics is streamed as it is rendered: no length to announce
+    status, headers, body = get(exporter, method="HEAD")
+    assert status == 200 and body == b"" and headers["Transfer-Encoding"] == "chunked"
 
 
 def test_unknown_paths_are_404(serve):
@@ -378,3 +382,49 @@ def test_stop_twice_and_before_start_are_harmless(serve):
     exporter = serve()
     exporter.stop()
     exporter.stop()
+
+
+def test_plain_metrics_are_streamed_chunked_or_until_close(serve):
+    exporter = serve()
+    status, headers, body = get(exporter)
+    assert status == 200 and headers["Transfer-Encoding"] == "chunked"
+    assert "Content-Length" not in headers
+    assert samples(body.decode()) == {("test_temperature_celsius", "lab"): 21.5}
+    # HTTP/1.0 has no chunks: the body ends when the connection does
+    sock = connect(exporter)
+    sock.sendall(b"GET /metrics HTTP/1.0\r\n\r\n")
+    raw = b""
+    while chunk := sock.recv(65536):
+        raw += chunk
+    sock.close()
+    head, _, body = raw.partition(b"\r\n\r\n")
+    assert b"Connection: close" in head and b"Transfer-Encoding" not in head
+    assert samples(body.decode()) == {("test_temperature_celsius", "lab"): 21.5}
+    # compressed answers are whole, with their length
+    _, headers, body = get(exporter, headers={"Accept-Encoding": "gzip"})
+    assert int(headers["Content-Length"]) == len(body)
+
+
+def test_a_stream_that_fails_midway_is_cut_short_and_cleaned_up():
+    closed = []
+
+    def body():
+        try:
+            yield b"first part\n"
+            raise OSError("map read failed")
+        finally:
+            closed.append(True)
+
+    server = HTTPServer("127.0.0.1", 0, lambda request: Response(200, body())).start()
+    try:
+        conn = http.client.HTTPConnection("127.0.0.1", server.port, timeout=TIMEOUT)
+        conn.request("GET", "/")
+        resp = conn.getresponse()
+        assert resp.status == 200
+        with pytest.raises(http.client.IncompleteRead) as err:
+            resp.read()
+        assert err.value.partial == b"first part\n"
+        conn.close()
+        assert closed == [True]
+    finally:
+        server.close()

@@ -23,7 +23,9 @@ half-broken proxies. None of those may stop the others, so:
   threads; it returns within its timeout whatever the clients do.
 
 The application is a function `Request -> Response` (messages.py); responses
-are built in memory (as one or more chunks), so each has a Content-Length and HEAD is answered by the
+are built in memory (as one or more chunks), so each has a Content-Length, or
+streamed as they are made (chunked transfer coding; for HTTP/1.0 the
+connection closes after the body), and HEAD is answered by the
 server (headers only). Nothing here logs a line per request or prints a traceback: failures go to
 the debug log, and the client gets a plain-text status.
 """
@@ -250,6 +252,9 @@ class _Handler(http.server.BaseHTTPRequestHandler):
             log.debug("unsendable response headers: %r", exc)
             response = text_response(500, "internal error\n")
             head = self._head(response)
+        if response.length is None:
+            self._stream(head, response)
+            return
         chunks = [] if self.command == "HEAD" else response.chunks
         if not chunks or response.length <= _SEND_CHUNK:
             self._send(head + b"".join(chunks))
@@ -257,6 +262,29 @@ class _Handler(http.server.BaseHTTPRequestHandler):
         self._send(head)
         for chunk in chunks:
             self._send(chunk)
+
+    def _stream(self, head: bytes, response: Response):
+        """A body made while it is sent: chunked for HTTP/1.1, delimited by
+        closing the connection for HTTP/1.0 (_head said which)."""
+        try:
+            self._send(head)
+            if self.command == "HEAD":
+                return
+            chunked = self.request_version != "HTTP/1.0"
+            for chunk in response.chunks:
+                if chunk:
+                    self._send(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
+            if chunked:
+                self._send(b"0\r\n\r\n")
+        except _Abandon:
+            raise
+        except Exception as exc:
+            # too late for an error status: cut the body short, which the
+            # client sees (no last chunk, or fewer bytes than it parsed)
+            log.debug("%s %s failed while streaming: %r", self.command, self.path, exc)
+            self.close_connection = True
+        finally:
+            response.close()
 
     def _head(self, response: Response) -> bytes:
         lines = [f"HTTP/1.1 {response.status} {response.reason or status_reason(response.status)}",
@@ -267,7 +295,12 @@ class _Handler(http.server.BaseHTTPRequestHandler):
                 raise ValueError(f"bad header {name!r}")
             if name.lower() not in _HOP_BY_HOP:
                 lines.append(f"{name}: {value}")
-        lines.append(f"Content-Length: {response.length}")
+        if response.length is not None:
+            lines.append(f"Content-Length: {response.length}")
+        elif self.request_version == "HTTP/1.0":
+            self.close_connection = True       # the end of the body is the end of the connection
+        else:
+            lines.append("Transfer-Encoding: chunked")
         if self.close_connection:
             lines.append("Connection: close")
         elif self.request_version == "HTTP/1.0":

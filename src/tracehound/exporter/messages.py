@@ -32,25 +32,39 @@ class Request:
 
 
 class Response:
-    """Status, headers and the whole body, as bytes or as a list of byte
-    chunks (a large exposition is sent as rendered, never joined into a
-    second copy). Content-Length and Connection are the server's to set; an
-    application's own are dropped."""
+    """Status, headers and the body: bytes, a list of byte chunks (a large
+    exposition is sent as rendered, never joined into a second copy), or an
+    iterator of chunks made while they are sent (`length` None: the server
+    uses chunked transfer coding, or closes the connection after it for an
+    HTTP/1.0 client). Content-Length, Transfer-Encoding and Connection are
+    the server's to set; an application's own are dropped."""
 
     __slots__ = ("status", "chunks", "length", "headers", "reason")
 
     def __init__(self, status: int, body=b"", headers: Iterable = (),
                  reason: Optional[str] = None):
         self.status = int(status)
-        chunks = [bytes(body)] if isinstance(body, (bytes, bytearray, memoryview)) else body
-        self.chunks = [c for c in chunks if c]
-        self.length = sum(map(len, self.chunks))
+        if isinstance(body, (bytes, bytearray, memoryview)):
+            body = [bytes(body)]
+        if isinstance(body, (list, tuple)):
+            self.chunks = [c for c in body if c]
+            self.length: Optional[int] = sum(map(len, self.chunks))
+        else:
+            self.chunks = body
+            self.length = None
         self.headers = list(headers)
         self.reason = reason
 
     @property
     def body(self) -> bytes:
+        """The whole body (a streamed one is consumed)."""
         return b"".join(self.chunks)
+
+    def close(self) -> None:
+        """Let a streamed body that will not be read finish its clean-up."""
+        close = getattr(self.chunks, "close", None)
+        if close is not None:
+            close()
 
 
 def text_response(status: int, text: str, headers: Iterable = ()) -> Response:

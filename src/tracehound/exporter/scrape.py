@@ -12,7 +12,7 @@ import threading
 import time
 import urllib.parse
 import zlib
-from typing import Iterable, Optional
+from typing import Iterable, Iterator, Optional
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 
@@ -84,6 +84,9 @@ class Scraper:
         return [took, samples]
 
     def respond(self, request: Request) -> Response:
+        """The exposition the request asks for. Compressed, it is made
+        whole here (a few percent of its plain size); plain, it is streamed
+        as it is rendered, so no scrape holds an uncompressed body."""
         start = time.perf_counter()
         families, leader = self.families()
         families = families + self.own_families()
@@ -91,25 +94,28 @@ class Scraper:
         if names:
             families = list(restrict(families, set(names)))
         fmt = exposition.choose(request.headers.get("Accept"))
-        chunks = exposition.render(families, fmt)
         headers = [("Content-Type", exposition.CONTENT_TYPES[fmt]),
                    ("Vary", "Accept, Accept-Encoding")]
+        chunks = self._rendered(families, fmt, start, leader and not names, leader)
         if gzip_accepted(request.headers.get("Accept-Encoding")):
-            # compressed chunk by chunk: only the compressed body is kept
             gz = zlib.compressobj(GZIP_LEVEL, zlib.DEFLATED, 16 + zlib.MAX_WBITS)
             body = [gz.compress(chunk) for chunk in chunks]
             body.append(gz.flush())
             headers.append(("Content-Encoding", "gzip"))
-        else:
-            body = list(chunks)
-        if leader and not names:
-            self.last_duration_s = time.perf_counter() - start
-            self.last_samples = exposition.samples_in(families)
-        if leader:
-            del families, chunks
-            # what this collection and its uncompressed rendering held
-            release_free_memory()
-        return Response(200, body, headers)
+            return Response(200, body, headers)
+        return Response(200, chunks, headers)
+
+    def _rendered(self, families, fmt, start, report, trim) -> Iterator[bytes]:
+        try:
+            yield from exposition.render(families, fmt)
+            if report:
+                self.last_duration_s = time.perf_counter() - start
+                self.last_samples = exposition.samples_in(families)
+        finally:
+            if trim:
+                del families
+                # what this collection and its uncompressed rendering held
+                release_free_memory()
 
 
 def restrict(families: Iterable[Metric], names: set[str]):
