@@ -129,6 +129,9 @@ def scrape_series(url: str, pid: int, n: int, timeout: float) -> dict:
         r = get(url, {"Accept": PROTO}, timeout)
         out["protobuf"] = {"bytes": len(r.body), "ctype": r.ctype, "wall_s": r.wall,
                            "offered": r.ctype.startswith("application/vnd.google.protobuf")}
+        step = "protobuf, gzip"
+        r = get(url, {"Accept": PROTO, "Accept-Encoding": "gzip"}, timeout)
+        out["protobuf"]["gzip_bytes"] = len(r.body) if r.encoding == "gzip" else None
     except (socket.timeout, TimeoutError):
         out["error"] = f"{step} timed out after {timeout:g} s"
     except (OSError, http.client.HTTPException, RuntimeError) as e:

@@ -84,7 +84,10 @@ def proto(r: dict) -> str:
     p = r.get("protobuf")
     if not p:
         return "–"
-    return f"{mb(p['bytes'])} MB" if p["offered"] else f"not offered ({p['ctype'].split(';')[0]})"
+    if not p["offered"]:
+        return f"not offered ({p['ctype'].split(';')[0]})"
+    gz = p.get("gzip_bytes")
+    return f"{mb(p['bytes'])} MB" + (f" ({mb(gz)} gzip)" if gz else "")
 
 
 def at_size(res: dict, series: int, finished: bool = True) -> dict | None:
@@ -122,6 +125,14 @@ def verdicts(res: dict) -> list[tuple[str, str, bool | None]]:
                  f"{mb(rh['text_bytes'][-1])} MB", rh["text_bytes"][-1] <= TEXT_8K_B),
                 (f"{rh['size']}, --latency-histograms {h}: protobuf <= {PROTO_8K_B / 1e6:g} MB",
                  proto(rh), bool(p.get("offered")) and p["bytes"] <= PROTO_8K_B)]
+    for r in (r for r in (r8, *(x for x in new if x.get("latency_histograms"))) if r):
+        p = r.get("protobuf", {})
+        if p.get("gzip_bytes") and r["cgroups"] * r["mounts"] == 8000:
+            h = r.get("latency_histograms")
+            out.append((f"{r['size']}" + (f", --latency-histograms {h}" if h else "")
+                        + f": protobuf on the wire (gzip, as Prometheus asks) <= "
+                        f"{PROTO_8K_B / 1e6:g} MB", f"{mb(p['gzip_bytes'])} MB",
+                        p["gzip_bytes"] <= PROTO_8K_B))
     capped = next((r for r in new if r["kind"] == "fill" and not r["max_series"]), None)
     if capped:
         out += [(f"{capped['size']} with the default --max-series ({capped['io_series']:,} series "

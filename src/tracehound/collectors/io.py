@@ -15,7 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from .. import defaults
 from ..attribution.owners import Owners
 from ..attribution.workload import WORKLOAD_LABELS
-from ..exporter.exposition import Blocks, HistogramRows, Log2Histogram, ValueRows
+from ..exporter.exposition import Blocks, HistogramRows, Log2Histogram, Slices, ValueRows
 from ..exporter.series import SeriesBook
 from ..host.mounts import MountTable
 from ..probes.io import HEALTH, HIST_SLOTS, HISTS, KEY_DEV, N_FIELDS, OPS, IoKey
@@ -243,7 +243,7 @@ class IoCollector:
             at = _HIST + h * HIST_SLOTS
             yield HistogramRows(f"tracehound_io_{op}_latency_seconds",
                                 f"Latency of {op} calls (log2 buckets).", blocks,
-                                [v[at:at + HIST_SLOTS] for v in rows],
+                                Slices(rows, at, HIST_SLOTS),
                                 [v[_LAT + h] / 1e9 for v in rows], LATENCY)
 
     def _workload_info(self, samples) -> ValueRows:

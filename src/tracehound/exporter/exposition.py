@@ -204,6 +204,25 @@ class Log2Histogram:
         return list(accumulate(slots))[self.first - 1:]
 
 
+class Slices(Sequence):
+    """`array[at:at + n]` of each array, made when a row is rendered: the
+    collector's samples already hold every slot, so a family need not keep
+    a second copy of them for the whole scrape."""
+
+    def __init__(self, arrays: Sequence, at: int, n: int):
+        self.arrays, self.at, self.end = arrays, at, at + n
+
+    def __len__(self) -> int:
+        return len(self.arrays)
+
+    def __getitem__(self, i):
+        return self.arrays[i][self.at:self.end]
+
+    def __iter__(self):
+        at, end = self.at, self.end
+        return (a[at:end] for a in self.arrays)
+
+
 class HistogramRows(Rows):
     """Histogram rows from log2 slots: (block, slots, sum) per series."""
 
