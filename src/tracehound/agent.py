@@ -21,7 +21,7 @@ from .exporter.events import EventLog
 from .exporter.registry import register_all
 from .exporter.server import Exporter
 from .host.memory import release_free_memory
-from .host.mounts import MountTable
+from .host.mounts import MountTable, MountTableError
 from .subsystems import SUBSYSTEMS
 from .subsystems.base import Context
 
@@ -33,7 +33,12 @@ __all__ = ["Agent", "AgentConfig", "run"]
 class Agent:
     def __init__(self, config: AgentConfig, subsystems=SUBSYSTEMS):
         self.config = config
-        self.mounts = MountTable(config.mountinfo)
+        try:
+            self.mounts = MountTable(config.mountinfo)
+            # the probe needs the table's namespace: a copy fails here, before any load
+            self.mounts.mount_namespace_inode()
+        except MountTableError as exc:
+            raise SetupError(f"--mountinfo {exc}") from None
         root = self.mounts.cgroup2_root()
         if root is None:
             raise SetupError("no cgroup v2 hierarchy is mounted: mount one "

@@ -1,13 +1,57 @@
 """`tracehound run`: the agent's flags, checked, into an AgentConfig."""
 from __future__ import annotations
 
+import argparse
+import math
+import urllib.parse
+
 from .. import defaults
-from ..errors import TracehoundError
 from ..host.mounts import DEFAULT_SKIP_FSTYPES
+
+
+# Upper bounds: each io_stats entry holds about 1 KB of kernel memory
+# (preallocated), and beyond a few million label sets no Prometheus keeps up.
+MAX_ENTRIES = 1 << 22
+MAX_SERIES = 10_000_000
+MAX_GRACE_S = 24 * 3600.0
 
 
 def _fstypes(value: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in value.split(",") if x.strip())
+
+
+def _count(low: int, high: int, meaning: str = ""):
+    """An integer flag in [low, high]; argparse names the flag in its error."""
+    def parse(value: str) -> int:
+        text = value.strip()
+        if not (text.isascii() and text.lstrip("+").isdigit()):
+            raise argparse.ArgumentTypeError(f"{value!r} is not a whole number")
+        n = int(text)
+        if not low <= n <= high:
+            raise argparse.ArgumentTypeError(f"{n} is out of range: {low} to {high:,}{meaning}")
+        return n
+    return parse
+
+
+def _seconds(low: float, high: float):
+    def parse(value: str) -> float:
+        try:
+            x = float(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+        if not (math.isfinite(x) and low < x <= high):
+            raise argparse.ArgumentTypeError(f"{value} is out of range: more than {low:g} "
+                                             f"and at most {high:g} seconds")
+        return x
+    return parse
+
+
+def _http_url(value: str) -> str:
+    parts = urllib.parse.urlsplit(value)
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise argparse.ArgumentTypeError(f"{value!r} is not an http:// or https:// URL "
+                                         "with a host")
+    return value
 
 
 def add_parser(sub, hook) -> None:
@@ -21,19 +65,21 @@ def add_parser(sub, hook) -> None:
                      "(default: pseudo file systems: proc, sysfs, cgroup, devtmpfs, pipes, sockets...)")
     run.add_argument("--count-all-fstypes", action="store_true",
                      help="count every file system, pseudo ones included")
-    run.add_argument("--max-entries", type=int, default=defaults.IO_MAX_ENTRIES, metavar="N",
+    run.add_argument("--max-entries", type=_count(1, MAX_ENTRIES, " (about 1 KB of kernel memory each)"),
+                     default=defaults.IO_MAX_ENTRIES, metavar="N",
                      help="capacity of the (cgroup, mount) table in the kernel "
                           f"(default {defaults.IO_MAX_ENTRIES})")
     run.add_argument("--pod-logs-dir", default=defaults.POD_LOGS_DIR, metavar="DIR",
                      help="the kubelet's pod log directory, which names pods by uid "
                           f"(default {defaults.POD_LOGS_DIR})")
-    run.add_argument("--kubelet-url", metavar="URL",
+    run.add_argument("--kubelet-url", metavar="URL", type=_http_url,
                      help="also ask the kubelet's /pods endpoint for pod and container names, "
                           "e.g. https://127.0.0.1:10250/pods (off by default)")
     run.add_argument("--mountinfo", default=defaults.MOUNTINFO, metavar="PATH",
                      help="mount table to label mounts with (default: the agent's own); in a "
                           "container with the host's PID namespace use /proc/1/mountinfo")
-    run.add_argument("--max-series", type=int, default=defaults.MAX_SERIES, metavar="N",
+    run.add_argument("--max-series", type=_count(0, MAX_SERIES), default=defaults.MAX_SERIES,
+                     metavar="N",
                      help="most label sets per metric family; the rest are summed into one "
                           f"series labelled __overflow__ (default {defaults.MAX_SERIES}, 0: no limit)")
     run.add_argument("--latency-histograms", choices=defaults.LATENCY_HISTOGRAM_CHOICES,
@@ -42,7 +88,8 @@ def add_parser(sub, hook) -> None:
                           "label set, like the counters), cgroup (summed over mounts), mount "
                           "(summed over cgroups) or off; per label set they are three quarters "
                           f"of a scrape (default {defaults.LATENCY_HISTOGRAMS})")
-    run.add_argument("--rdma-grace", type=float, default=defaults.RDMA_GRACE_S, metavar="SECONDS",
+    run.add_argument("--rdma-grace", type=_seconds(0, MAX_GRACE_S), default=defaults.RDMA_GRACE_S,
+                     metavar="SECONDS",
                      help="how long RDMA objects may outlive their process, or the mirror "
                           f"disagree with the kernel, before it is an anomaly "
                           f"(default {defaults.RDMA_GRACE_S:g})")
@@ -52,10 +99,6 @@ def add_parser(sub, hook) -> None:
 def _run(args) -> int:
     from ..agent import run
     from ..config import AgentConfig
-    if args.max_entries < 1:
-        raise TracehoundError("--max-entries must be at least 1")
-    if args.max_series < 0:
-        raise TracehoundError("--max-series must be 0 (no limit) or more")
     skip = () if args.count_all_fstypes else args.skip_fstypes
     return run(AgentConfig(args.listen, args.hook_mode, skip, args.max_entries, args.max_series,
                            args.pod_logs_dir, args.kubelet_url, rdma_grace_s=args.rdma_grace,

@@ -57,7 +57,9 @@ class EventLog(logging.Handler):
     def wsgi(self, environ, start_response):
         query = urllib.parse.parse_qs(environ.get("QUERY_STRING", ""))
         raw = (query.get("since") or ["0"])[0]
-        if not raw.isdigit():
+        # ASCII and at most a u64's 20 digits: '²' passes isdigit() but not
+        # int(), and int() refuses strings of over 4,300 digits
+        if not (raw.isascii() and raw.isdigit() and len(raw) <= 20):
             start_response("400 Bad Request", [("Content-Type", "text/plain")])
             return [f"since must be a sequence number, not {raw!r}\n".encode()]
         body = json.dumps(self.since(int(raw)), sort_keys=True, default=str).encode()

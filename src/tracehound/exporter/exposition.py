@@ -43,6 +43,10 @@ CONTENT_TYPES = {
 }
 
 
+def _valid_utf8(text: str) -> str:
+    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+
+
 def _escape_value(value: str) -> str:
     return value.replace("\\", r"\\").replace("\n", r"\n").replace('"', r"\"")
 
@@ -61,7 +65,9 @@ class Block:
 
     def __init__(self, names: tuple, values: tuple):
         self.names = names
-        self.values = values
+        # an exposition is UTF-8: a path that is not (kept as surrogates
+        # when read) shows its undecodable bytes as U+FFFD
+        self.values = values = tuple(v if v.isascii() else _valid_utf8(v) for v in values)
         inner = ",".join(f'{n}="{_escape_value(v)}"' for n, v in zip(names, values) if v)
         inner = inner.encode()
         self.braced = b"{" + inner + b"}" if inner else b""

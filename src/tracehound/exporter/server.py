@@ -18,7 +18,9 @@ def parse_listen(value: str) -> tuple[str, int]:
     """'HOST:PORT', '[v6]:PORT' or ':PORT' -> (host, port)."""
     host, sep, port = value.rpartition(":")
     # Port 0 asks the kernel for a free port; the printed URL shows which.
-    if not sep or not port.isdigit() or not 0 <= int(port) < 65536:
+    # isdigit() alone also takes '²' and other digits int() refuses
+    if not sep or not (port.isascii() and port.isdigit()) or len(port) > 5 \
+            or not 0 <= int(port) < 65536:
         raise SetupError(f"--listen {value!r}: expected HOST:PORT, e.g. {DEFAULT_LISTEN}")
     host = host.strip("[]") or "0.0.0.0"
     return host, int(port)

@@ -239,7 +239,8 @@ class IoProbe:
         wanted: dict[bytes, bytes] = {}
         for m in self.mounts.mounts:  # later mounts hide earlier ones at the same point
             prefix = m.mountpoint.rstrip("/") + "/"
-            raw = prefix.encode()[:PATH_LEN]
+            # the kernel's bytes, also where they are not UTF-8
+            raw = prefix.encode("utf-8", "surrogateescape")[:PATH_LEN]
             key = struct.pack("I", len(raw) * 8) + raw.ljust(PATH_LEN, b"\0")
             wanted[key] = struct.pack("II", m.mnt_id, 1 if m.fstype in skip else 0)
         for key in self._lpm_keys - wanted.keys():
