@@ -31,7 +31,8 @@ __all__ = ["Agent", "AgentConfig", "run"]
 
 
 class Agent:
-    def __init__(self, config: AgentConfig, subsystems=SUBSYSTEMS):
+    def __init__(self, config: AgentConfig, subsystems=SUBSYSTEMS,
+                 stop: threading.Event | None = None):
         self.config = config
         try:
             self.mounts = MountTable(config.mountinfo)
@@ -54,7 +55,7 @@ class Agent:
         self.exporter = Exporter(self.registry, config.listen, {"/events": self.events.wsgi})
         self.schedule: DetectorSchedule | None = None
         self._started: list = []
-        self._stop = threading.Event()
+        self._stop = stop if stop is not None else threading.Event()
 
     def start(self) -> "Agent":
         # Bind first: a busy port should fail before any BPF is loaded.
@@ -92,22 +93,29 @@ class Agent:
         self._stop.wait()
 
 
-def run(config: AgentConfig, out=functools.partial(print, flush=True)) -> int:
+def run(config: AgentConfig, out=functools.partial(print, flush=True),
+        stop: threading.Event | None = None) -> int:
+    """Run the agent until `stop` is set (by default: until SIGINT or SIGTERM).
+    A stop asked for during start-up lets the start finish, then takes the
+    same clean path: probes detached, nothing left."""
+    if stop is None:
+        stop = threading.Event()
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            signal.signal(signum, lambda _signum, _frame: stop.set())
     preflight.run_all()
-    agent = Agent(config).start()
-
-    def on_signal(signum, _frame):
-        agent._stop.set()
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    out(f"tracehound: serving metrics on {agent.exporter.url}")
-    out(f"tracehound: anomaly events on {agent.exporter.url.removesuffix('/metrics')}/events")
-    for s in agent.subsystems:
-        for line in s.status_lines():
-            out(f"tracehound: {line}")
+    if stop.is_set():
+        out("tracehound: stopped before anything was loaded")
+        return 0
+    agent = Agent(config, stop=stop).start()     # cleans up after itself if it fails
     try:
-        while not agent._stop.wait(1.0):
+        if not stop.is_set():
+            out(f"tracehound: serving metrics on {agent.exporter.url}")
+            out(f"tracehound: anomaly events on "
+                f"{agent.exporter.url.removesuffix('/metrics')}/events")
+            for s in agent.subsystems:
+                for line in s.status_lines():
+                    out(f"tracehound: {line}")
+        while not stop.wait(1.0):
             pass
     finally:
         agent.stop()

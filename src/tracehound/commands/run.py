@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import argparse
 import math
+import signal
+import threading
 import urllib.parse
 
 from .. import defaults
@@ -97,10 +99,16 @@ def add_parser(sub, hook) -> None:
 
 
 def _run(args) -> int:
+    # From here on the first SIGINT or SIGTERM asks the agent to stop, at
+    # every moment of its start-up: never a KeyboardInterrupt raised inside a
+    # libbpf callback (which swallows it), never a kill in the middle of a load.
+    stop = threading.Event()
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, lambda _signum, _frame: stop.set())
     from ..agent import run
     from ..config import AgentConfig
     skip = () if args.count_all_fstypes else args.skip_fstypes
     return run(AgentConfig(args.listen, args.hook_mode, skip, args.max_entries, args.max_series,
                            args.pod_logs_dir, args.kubelet_url, rdma_grace_s=args.rdma_grace,
                            mountinfo=args.mountinfo,
-                           latency_histograms=args.latency_histograms))
+                           latency_histograms=args.latency_histograms), stop=stop)
