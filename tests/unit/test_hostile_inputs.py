@@ -138,3 +138,10 @@ def test_events_since_that_is_no_sequence_number_is_400(since):
     response = call_wsgi(EventLog().wsgi, request(query=f"since={since}"))
     assert response.status == 400
     assert b"sequence number" in response.body
+
+
+@pytest.mark.skipif(os.path.isdir("/sys/module/ib_core") or os.path.isdir("/sys/class/infiniband"),
+                    reason="this host has an RDMA subsystem: the case is a host without one")
+def test_rdma_show_without_rdma_says_what_the_host_lacks():
+    one_line_error(th("rdma", "show"), "no RDMA subsystem", "modprobe ib_core")
+    assert "NETLINK" not in th("rdma", "show").stderr

@@ -170,10 +170,13 @@ def _show(args) -> int:
     from ..errors import TracehoundError
 
     from ..attribution.resolver import WorkloadResolver
+    from ..probes.rdma import subsystem_absent
 
     view = process_view(args.pid)
     if not view.kernel_known and not view.mirror_known:
-        raise TracehoundError("rdma show: " + view.notes[0].removeprefix("kernel: ")
+        # say what the host lacks, not what the netlink socket answered
+        absent = subsystem_absent()
+        raise TracehoundError("rdma show: " + (absent or view.notes[0].removeprefix("kernel: "))
                               + ", and no agent with the rdma probe is running")
     root = MountTable().cgroup2_root()
     label_workloads(view, WorkloadResolver(root), args.job)
