@@ -145,3 +145,16 @@ def test_events_since_that_is_no_sequence_number_is_400(since):
 def test_rdma_show_without_rdma_says_what_the_host_lacks():
     one_line_error(th("rdma", "show"), "no RDMA subsystem", "modprobe ib_core")
     assert "NETLINK" not in th("rdma", "show").stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to make a journal only root can read")
+def test_chaos_recover_without_the_rights_to_read_the_journal_fails(tmp_path):
+    journal = tmp_path / "journal"
+    journal.mkdir(mode=0o700)
+    (journal / "run.jsonl").write_text('{"event": "run-start", "run": "r1", "pid": 999999}\n')
+    os.chmod(tmp_path, 0o755)
+    res = th("chaos", "recover", "--journal", str(journal), user=65534)
+    assert res.returncode != 0, res.stdout + res.stderr
+    assert "nothing to recover" not in res.stdout
+    assert "cannot recover" in res.stderr and str(journal) in res.stderr
+    assert "Traceback" not in res.stderr

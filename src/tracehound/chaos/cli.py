@@ -164,10 +164,12 @@ def _plan(exp, args, explicit: bool) -> int:
 
 def cmd_recover(args) -> int:
     from .recovery import recover
-    if not os.path.isdir(args.journal):
-        out(f"tracehound: nothing to recover ({args.journal} does not exist)")
-        return EXIT_OK
-    done, failed = recover(args.journal, out, err)
+    try:
+        done, failed = recover(args.journal, out, err)   # a missing journal: nothing to do
+    except PermissionError as exc:
+        err(f"tracehound: error: cannot recover: {exc.filename}: {exc.strerror} "
+            "(the journal is root's: run as root)")
+        return EXIT_FAILED
     if not done and not failed:
         out("tracehound: nothing to recover: no dead run left a fault applied")
     else:

@@ -9,6 +9,7 @@ recovery only touches files nobody holds, i.e. runs that died.
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import glob
 import json
@@ -130,11 +131,19 @@ def dead_runs(directory: str) -> list[DeadRun]:
     """Runs whose process is gone and that left faults behind. Each comes
     with its file locked; release it with release()."""
     out = []
+    # glob() reads an unreadable directory as an empty one: that would be a
+    # quiet "nothing to recover" while faults stay applied
+    try:
+        os.stat(directory)      # PermissionError where a parent cannot be searched
+    except FileNotFoundError:
+        return out
+    if not os.access(directory, os.R_OK | os.X_OK):
+        raise PermissionError(errno.EACCES, "cannot read the journal directory", directory)
     for path in sorted(glob.glob(os.path.join(directory, "*.jsonl"))):
         try:
             fd = os.open(path, os.O_WRONLY | os.O_APPEND)
-        except OSError:
-            continue
+        except FileNotFoundError:
+            continue            # its run just ended and removed it
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
