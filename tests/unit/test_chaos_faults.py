@@ -300,3 +300,15 @@ def test_dcgm_injection_uses_dcgmi(tmp_path, monkeypatch):
     fault.rollback(prepared.state)
     assert log.read_text().splitlines() == ["test --inject --gpuid 0 -f 230 -v 79",
                                             "test --inject --gpuid 0 -f 230 -v 0"]
+
+
+def test_nccl_is_available_only_with_an_nvidia_driver(tmp_path, monkeypatch):
+    from tracehound.chaos.faults import gpu
+    fault = catalog.get("gpu.nccl")
+    monkeypatch.setattr(gpu, "NVIDIA_DRIVER", str(tmp_path / "missing"))
+    avail = fault.availability()
+    assert not avail.ok and "no NVIDIA driver" in avail.reason
+    version = tmp_path / "version"
+    version.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15\n")
+    monkeypatch.setattr(gpu, "NVIDIA_DRIVER", str(version))
+    assert fault.availability().ok

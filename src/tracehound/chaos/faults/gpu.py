@@ -238,6 +238,9 @@ class DcgmInject(Fault):
                               "visible only to DCGM consumers")
 
 
+NVIDIA_DRIVER = "/proc/driver/nvidia/version"
+
+
 class NcclFault(Fault):
     name = "gpu.nccl"
     summary = "launch a job with NCCL misconfigured (IB off, wrong interface, tiny timeout)"
@@ -252,6 +255,12 @@ class NcclFault(Fault):
         if not args["command"]:
             return ["command must not be empty"]
         return []
+
+    def availability(self):
+        # NCCL runs on NVIDIA GPUs only: without the driver a job has nothing to misconfigure
+        if not os.path.exists(NVIDIA_DRIVER):
+            return Availability(False, f"no NVIDIA driver here ({NVIDIA_DRIVER} is missing)")
+        return Availability(True, "NVIDIA driver loaded")
 
     def prepare(self, args, fault_id):
         if not shutil.which(str(args["command"][0])):
