@@ -27,3 +27,10 @@ def test_bind_mount_shares_device_first_wins(tmp_path):
     assert not t.refresh()          # unchanged file: no re-parse
     p.write_text(SAMPLE + "62 27 0:51 / /x rw - xfs /dev/sdb rw\n")
     assert t.refresh() and t.by_id[62].fstype == "xfs"
+
+
+def test_mount_points_with_line_and_space_like_characters_stay_whole():
+    # the kernel escapes only space, tab, newline and backslash
+    text = ("40 1 0:50 / /mnt/a\rb rw - tmpfs t rw\n"
+            "41 1 0:51 / /mnt/c\u2028d\x0be\\040f rw - tmpfs t rw\n")
+    assert [m.mountpoint for m in parse_mountinfo(text)] == ["/mnt/a\rb", "/mnt/c\u2028d\x0be f"]

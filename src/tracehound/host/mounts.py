@@ -43,7 +43,10 @@ class MountTableError(SetupError):
 
 
 def _mount(line: str) -> Mount:
-    parts = line.split()
+    # The kernel separates fields with one space and escapes only space, tab,
+    # newline and backslash: str.split() would also cut a path at \r, \f or
+    # U+2028, which a mount point may hold.
+    parts = line.split(" ")
     sep = parts.index("-", 6)
     major, minor = (int(x) for x in parts[2].split(":"))
     if len(parts) < sep + 2 or not parts[sep + 1]:
@@ -61,7 +64,7 @@ def parse_mountinfo(text: str, where: str = "mountinfo") -> list[Mount]:
     """Every line must be a mountinfo line: a table with a broken one is
     not the kernel's, and half of it would label I/O wrongly."""
     mounts = []
-    for n, line in enumerate(text.splitlines(), 1):
+    for n, line in enumerate(text.split("\n"), 1):
         if not line.strip():
             continue
         try:

@@ -1,0 +1,169 @@
+"""Property-based fuzzing of every parser that reads text a user, a host or
+a remote endpoint controls: each either returns its result or raises its own
+documented error, never anything else (an IndexError, a UnicodeError, a
+RecursionError would be a traceback, or a dead collector).
+
+Hypothesis runs derandomized (the same examples on every machine, so CI is
+reproducible); EXAMPLES per property. docs/reliability.md reports the count.
+"""
+import string
+
+import pytest
+
+hypothesis = pytest.importorskip("hypothesis", reason="the fuzz tier needs hypothesis "
+                                                      "(pip install hypothesis; scripts/install --dev)")
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+from tracehound.attribution.procs import parse_proc_cgroup  # noqa: E402
+from tracehound.attribution.resolver import WorkloadResolver  # noqa: E402
+from tracehound.attribution.workload import WORKLOAD_LABELS  # noqa: E402
+from tracehound.chaos import document, jsonpath, schema  # noqa: E402
+from tracehound.chaos.detection import parse_predicate  # noqa: E402
+from tracehound.chaos.metrics import QueryError, parse_samples, parse_selector  # noqa: E402
+from tracehound.errors import SetupError  # noqa: E402
+from tracehound.exporter.server import parse_listen  # noqa: E402
+from tracehound.host.mounts import MountTableError, parse_mountinfo  # noqa: E402
+from tracehound.top.rates import parse_metrics  # noqa: E402
+
+EXAMPLES = 400
+fuzz = settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
+                suppress_health_check=[HealthCheck.too_slow])
+
+# text that looks like the input more often than random text would
+LINEISH = st.lists(st.one_of(
+    st.text(max_size=40),
+    st.sampled_from(["-", " - ", "0:0", "/", "\\040", "\\", "{", "}", "=", '"', "\n", "\t",
+                     "#", "le=", "+Inf", "NaN", "1e308", "-1", "$", "..", "[", "]", "*", "'"]),
+), max_size=20).map("".join)
+
+
+@fuzz
+@given(LINEISH)
+def test_mountinfo_text_parses_or_is_refused(text):
+    try:
+        mounts = parse_mountinfo(text)
+    except MountTableError:
+        return
+    assert all(isinstance(m.mountpoint, str) and m.fstype for m in mounts)
+
+
+# a mount point as the kernel writes it: space, tab, newline and backslash as \ooo
+PATHS = st.text(alphabet=st.characters(blacklist_categories=("Cs",)), min_size=1, max_size=30)
+
+
+def kernel_escape(path: str) -> str:
+    return "".join(f"\\{ord(c):03o}" if c in " \t\n\\" else c for c in path)
+
+
+@fuzz
+@given(st.integers(1, 2 ** 31), st.integers(0, 4095), st.integers(0, 2 ** 20 - 1), PATHS,
+       st.text(alphabet=string.ascii_lowercase + "0123456789_", min_size=1, max_size=12))
+def test_mountinfo_lines_round_trip(mnt_id, major, minor, path, fstype):
+    line = f"{mnt_id} 1 {major}:{minor} / /{kernel_escape(path)} rw shared:1 - {fstype} src rw"
+    (mount,) = parse_mountinfo(line)
+    assert (mount.mnt_id, mount.mountpoint, mount.fstype) == (mnt_id, "/" + path, fstype)
+    assert mount.dev == (major << 20) | minor
+
+
+@fuzz
+@given(st.text(max_size=200))
+def test_proc_cgroup_text_never_raises(text):
+    assert isinstance(parse_proc_cgroup(text), dict)
+
+
+RESOLVER = WorkloadResolver(None, job_id_source=None, pod_source=None, v1_lookup=False)
+
+
+@fuzz
+@given(st.lists(st.one_of(st.text(max_size=30), st.sampled_from(
+    ["system.slice", "slurmstepd.scope", "job_42", "step_0", "user", "task_1", "kubepods.slice",
+     "kubepods-burstable.slice", "kubepods-burstable-pod0b1c2d3e_4f50.slice",
+     "cri-containerd-0123abcd.scope", "machine.slice", "machine-qemu\\x2d1\\x2dvm.scope",
+     "slurm", "uid_0", "job_7", "step_batch", "nginx.service", ""])), max_size=8))
+def test_any_cgroup_path_has_workload_labels(components):
+    path = "/" + "/".join(components)
+    labels = RESOLVER.labels(path)
+    assert len(labels) == len(WORKLOAD_LABELS) and all(isinstance(v, str) for v in labels)
+
+
+@fuzz
+@given(LINEISH)
+def test_listen_addresses_parse_or_are_refused(text):
+    try:
+        host, port = parse_listen(text)
+    except SetupError:
+        return
+    assert 0 <= port < 65536 and isinstance(host, str)
+
+
+@fuzz
+@given(LINEISH)
+def test_exposition_text_for_top_parses_or_is_refused(text):
+    try:
+        parse_metrics(text, 1.0)
+    except ValueError:
+        pass
+
+
+@fuzz
+@given(LINEISH)
+def test_chaos_metric_selectors_and_samples(text):
+    try:
+        parse_selector(text)
+    except QueryError:
+        pass
+    try:
+        parse_samples(text)
+    except (QueryError, ValueError):
+        pass
+
+
+@fuzz
+@given(LINEISH)
+def test_chaos_predicates_and_json_paths(text):
+    try:
+        op, ref = parse_predicate(text)
+        assert op in ("==", "!=", ">=", "<=", ">", "<")
+    except ValueError:
+        pass
+    try:
+        jsonpath.parse(text)
+    except jsonpath.JsonPathError:
+        pass
+
+
+@fuzz
+@given(LINEISH, st.sampled_from(["x.yaml", "x.json"]))
+def test_experiment_files_load_or_are_refused(text, name):
+    try:
+        document.loads(text, name)
+    except document.DocumentError:
+        pass
+
+
+JSONISH = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.floats(allow_nan=False),
+              st.text(max_size=12), st.sampled_from(["io.throttle", "proc.kill", "agent",
+                                                     "probe", "action", "tolerance"])),
+    lambda inner: st.one_of(st.lists(inner, max_size=4),
+                            st.dictionaries(st.sampled_from(
+                                ["title", "method", "steady-state-hypothesis", "rollbacks",
+                                 "type", "name", "provider", "fault", "arguments", "probes",
+                                 "tolerance", "detect", "source", "query", "x"]), inner,
+                                max_size=5)),
+    max_leaves=25)
+
+
+@fuzz
+@given(st.dictionaries(st.sampled_from(["title", "description", "method", "rollbacks",
+                                        "steady-state-hypothesis", "configuration", "tags"]),
+                       JSONISH, max_size=6))
+def test_experiment_documents_validate_to_problems_never_to_exceptions(doc):
+    import json
+    try:
+        loaded = document.loads(json.dumps(doc), "x.json")
+    except document.DocumentError:
+        return
+    problems, experiment = schema.validate(loaded)
+    assert problems or experiment is not None
