@@ -13,6 +13,7 @@ import uuid
 from tests.conftest import tracehound_cmd
 from tests.kernel.test_chaos_examples import blkio_path, blkio_tree, in_netns, read, state_of
 from tracehound.chaos import scaffold
+from tracehound.chaos.faults.targets import cgroup2_root, cgroup_procs
 
 
 def snapshot(s: dict) -> dict:
@@ -125,3 +126,62 @@ def test_sigkill_mid_fault_then_recover_restores_everything():
         scaffold.delete_netns([s["ns_a"], s["ns_b"]])
         scaffold.unmount(s["scratch"])
         subprocess.run(["rm", "-rf", tmp])
+
+
+HELPER_EXPERIMENT = """
+title: killed while its helper writes
+description: the declared rollback (stop the writer, remove its cgroup and file) must run on recover
+method:
+  - type: action
+    name: start-writer
+    provider: {{type: python, module: tracehound.chaos.scaffold, func: start_writer,
+               arguments: {{cgroup: "{cgroup}", directory: "{data}", block_size: 4096,
+                            direct: false}}}}
+    pauses: {{after: 120}}
+rollbacks:
+  - type: action
+    name: stop-writer
+    provider: {{type: python, module: tracehound.chaos.scaffold, func: stop_workload,
+               arguments: {{cgroup: "{cgroup}", directory: "{data}"}}}}
+"""
+
+
+def test_sigkill_then_recover_runs_the_experiments_own_rollbacks():
+    tag = uuid.uuid4().hex[:5]
+    tmp = tempfile.mkdtemp(prefix="thtest-chaos-helper-")
+    cgroup, data = f"/thtest/chaos-helper-{tag}", f"{tmp}/data"
+    os.makedirs(data)
+    cg_dir = os.path.join(cgroup2_root(), cgroup.strip("/"))
+    journal = f"{tmp}/journal"
+    path = f"{tmp}/experiment.yaml"
+    with open(path, "w") as f:
+        f.write(HELPER_EXPERIMENT.format(cgroup=cgroup, data=data))
+    try:
+        proc = subprocess.Popen(tracehound_cmd() + ["chaos", "run", path, "--yes", "--journal",
+                                                    journal, "--report", f"{tmp}/report"],
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        deadline = time.monotonic() + 60
+        while not (os.path.isdir(cg_dir) and cgroup_procs(cg_dir) and os.listdir(data)):
+            assert proc.poll() is None, proc.stdout.read()
+            assert time.monotonic() < deadline, "the writer never started"
+            time.sleep(0.05)
+        writer = cgroup_procs(cg_dir)[0]
+        proc.kill()
+        proc.wait(timeout=10)
+        time.sleep(0.3)
+        assert os.path.exists(f"/proc/{writer}") and os.listdir(data)   # outlived the run
+
+        out = subprocess.run(tracehound_cmd() + ["chaos", "recover", "--journal", journal],
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert "ran the experiment's rollback 'stop-writer'" in out.stdout, out.stdout
+        deadline = time.monotonic() + 10
+        while os.path.exists(f"/proc/{writer}") and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not os.path.exists(f"/proc/{writer}")
+        assert not os.path.isdir(cg_dir) and os.listdir(data) == []
+        again = subprocess.run(tracehound_cmd() + ["chaos", "recover", "--journal", journal],
+                               capture_output=True, text=True, timeout=60)
+        assert again.returncode == 0 and "nothing to recover" in again.stdout
+    finally:
+        scaffold.stop_workload(cgroup, data)

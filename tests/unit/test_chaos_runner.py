@@ -122,7 +122,8 @@ def test_full_run_journals_detects_rolls_back_and_reports(tmp_path, test_faults,
     assert log.read_text().split() == ["first", "last"]
     [jl] = os.listdir(tmp_path / "journal")
     events = [r["event"] for r in journal_mod.read_records(str(tmp_path / "journal" / jl))]
-    assert events == ["run-start", "fault", "applied", "rolled-back", "run-end"]
+    assert events == ["run-start", "rollbacks-declared", "fault", "applied", "rolled-back",
+                      "rollbacks-run", "run-end"]
     reports = sorted(os.listdir(tmp_path / "report"))
     assert {r.rsplit("-", 1)[-1].split(".", 1)[-1] for r in reports} >= {"json", "md"}
     md = next(tmp_path / "report" / r for r in reports if r.endswith(".md"))
@@ -302,3 +303,32 @@ def test_background_activities_run_alongside(tmp_path, test_faults):
 """)
     assert run(tmp_path, text, "--yes") == 0
     assert sorted(log.read_text().split()) == ["background", "first", "last"]
+
+
+def test_recover_runs_the_declared_rollbacks_a_killed_run_never_ran(tmp_path, capsys):
+    """The run died after its method started: no fault left, but its own
+    rollback (here: remove what its helper made) never ran."""
+    made = tmp_path / "made-by-the-helper"
+    made.write_text("x")
+    j = journal_mod.Journal(str(tmp_path / "journal"), "r1", "killed", "f")
+    j.declare_rollbacks([{"type": "action", "name": "clean-up",
+                          "provider": {"type": "process", "path": "rm",
+                                       "arguments": ["-f", str(made)]}},
+                         {"type": "action", "name": "lift",
+                          "provider": {"type": "tracehound", "rollback": "mark"}}])
+    j.close()               # as a SIGKILL would: no run-end, the lock gone with the process
+    assert cli.main(["chaos", "recover", "--journal", str(tmp_path / "journal")]) == 0
+    out = capsys.readouterr().out
+    assert "ran the experiment's rollback 'clean-up'" in out and not made.exists()
+    assert cli.main(["chaos", "recover", "--journal", str(tmp_path / "journal")]) == 0
+    assert "nothing to recover" in capsys.readouterr().out
+
+
+def test_a_run_that_ran_its_rollbacks_leaves_nothing_to_recover(tmp_path, test_faults, capsys):
+    marker, _, text = experiment(tmp_path)
+    assert run(tmp_path, text, "--yes") == 0
+    records = journal_mod.read_records(next((tmp_path / "journal").glob("*.jsonl")))
+    assert [r["event"] for r in records if r["event"].startswith("rollbacks-")] \
+        == ["rollbacks-declared", "rollbacks-run"]
+    assert cli.main(["chaos", "recover", "--journal", str(tmp_path / "journal")]) == 0
+    assert "nothing to recover" in capsys.readouterr().out

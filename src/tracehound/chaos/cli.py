@@ -102,7 +102,12 @@ def cmd_run(args) -> int:
         err("tracehound: chaos run: applying faults needs root")
         return EXIT_FAILED
     from .recovery import recover
-    _, failed = recover(args.journal, out, err)
+    try:
+        _, failed = recover(args.journal, out, err)
+    except PermissionError as exc:
+        err(f"tracehound: chaos run: cannot read the journal {exc.filename}: {exc.strerror} "
+            "(pass --journal DIR for one of your own)")
+        return EXIT_FAILED
     if failed:
         err("tracehound: faults from an earlier run could not be rolled back; fix that "
             "first (tracehound chaos recover)")
@@ -171,9 +176,10 @@ def cmd_recover(args) -> int:
             "(the journal is root's: run as root)")
         return EXIT_FAILED
     if not done and not failed:
-        out("tracehound: nothing to recover: no dead run left a fault applied")
+        out("tracehound: nothing to recover: no dead run left a fault applied "
+            "or a rollback not run")
     else:
-        out(f"tracehound: recovered {done} fault(s), {failed} failed")
+        out(f"tracehound: recovered {done} fault(s) and rollback(s), {failed} failed")
     return EXIT_ROLLBACK if failed else EXIT_OK
 
 

@@ -71,6 +71,14 @@ class Journal:
     def rollback_failed(self, fault_id: str, error: str) -> None:
         self.write({"event": "rollback-failed", "id": fault_id, "error": error})
 
+    def declare_rollbacks(self, actions: list[dict]) -> None:
+        """The experiment's own rollbacks, before its method starts: a run
+        killed later still says what must be undone besides its faults."""
+        self.write({"event": "rollbacks-declared", "actions": actions})
+
+    def rollbacks_run(self, by: str) -> None:
+        self.write({"event": "rollbacks-run", "by": by})
+
     def close(self, status: str | None = None) -> None:
         if self._fd is None:
             return
@@ -98,6 +106,7 @@ class DeadRun:
     title: str
     pid: int | None
     faults: list[PendingFault] = field(default_factory=list)
+    rollbacks: list[dict] = field(default_factory=list)
 
 
 def read_records(path: str) -> list[dict]:
@@ -127,9 +136,21 @@ def pending_faults(records: list[dict]) -> list[PendingFault]:
     return list(faults.values())
 
 
+def pending_rollbacks(records: list[dict]) -> list[dict]:
+    """The experiment's declared rollbacks if the run never got to run them."""
+    actions: list[dict] = []
+    for r in records:
+        if r.get("event") == "rollbacks-declared":
+            actions = list(r.get("actions") or [])
+        elif r.get("event") == "rollbacks-run":
+            actions = []
+    return actions
+
+
 def dead_runs(directory: str) -> list[DeadRun]:
-    """Runs whose process is gone and that left faults behind. Each comes
-    with its file locked; release it with release()."""
+    """Runs whose process is gone and that left faults applied or their
+    declared rollbacks not run. Each comes with its file locked; release it
+    with release()."""
     out = []
     # glob() reads an unreadable directory as an empty one: that would be a
     # quiet "nothing to recover" while faults stay applied
@@ -151,13 +172,14 @@ def dead_runs(directory: str) -> list[DeadRun]:
             continue
         records = read_records(path)
         faults = pending_faults(records)
-        if not faults:
+        rollbacks = pending_rollbacks(records)
+        if not faults and not rollbacks:
             fcntl.flock(fd, fcntl.LOCK_UN)
             os.close(fd)
             continue
         start = next((r for r in records if r.get("event") == "run-start"), {})
         out.append(DeadRun(path, fd, start.get("run", os.path.basename(path)),
-                           start.get("title", ""), start.get("pid"), faults))
+                           start.get("title", ""), start.get("pid"), faults, rollbacks))
     return out
 
 

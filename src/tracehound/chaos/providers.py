@@ -91,3 +91,8 @@ def run_http(p: dict) -> dict:
             raise ActivityFailed(f"{method} {url} answered {status}, expected "
                                  f"{' or '.join(map(str, allowed))}")
     return {"status": status, "headers": rheaders, "body": body}
+
+
+# the providers that need nothing of a run: a declared rollback can be
+# replayed from the journal by `chaos recover`
+GENERIC = {"python": run_python, "process": run_process, "http": run_http}

@@ -2,17 +2,21 @@
 from __future__ import annotations
 
 from . import faults as catalog
+from . import providers
 from .journal import Journal, dead_runs, release
 
 
 def recover(directory: str, out, err) -> tuple[int, int]:
-    """Roll back every pending fault of every dead run, newest first.
-    Returns (rolled back, failed); each failure gets its own stderr line."""
+    """Roll back every pending fault of every dead run, newest first, then
+    run the experiment's declared rollbacks it never ran (stopping its helper
+    workloads, removing what they made). Returns (done, failed); each
+    failure gets its own stderr line."""
     done = failed = 0
     for run in dead_runs(directory):
         journal = Journal.adopt(run.path, run.fd)
         out(f"tracehound: recovering run {run.run_id} ('{run.title}', pid {run.pid} is gone): "
-            f"{len(run.faults)} fault(s) left applied")
+            f"{len(run.faults)} fault(s) left applied, "
+            f"{len(run.rollbacks)} declared rollback(s) not run")
         try:
             for pending in reversed(run.faults):
                 what = f"{pending.fault} ({pending.action}) on {', '.join(pending.targets)}"
@@ -26,7 +30,29 @@ def recover(directory: str, out, err) -> tuple[int, int]:
                 journal.rolled_back(pending.id, note)
                 out(f"tracehound: rolled back {what}" + (f" ({note})" if note else ""))
                 done += 1
+            d, f = _declared_rollbacks(run, journal, out, err)
+            done, failed = done + d, failed + f
             journal.write({"event": "recovered", "failed": failed})
         finally:
             release(run)
+    return done, failed
+
+
+def _declared_rollbacks(run, journal, out, err) -> tuple[int, int]:
+    done = failed = 0
+    for act in run.rollbacks:
+        provider = act.get("provider") or {}
+        call = providers.GENERIC.get(provider.get("type"))
+        if call is None:
+            continue       # a tracehound rollback undoes a fault: done above
+        try:
+            call(provider)
+        except Exception as exc:   # reported; the others still run
+            err(f"tracehound: ROLLBACK FAILED: the experiment's rollback '{act.get('name')}': {exc}")
+            failed += 1
+            continue
+        out(f"tracehound: ran the experiment's rollback '{act.get('name')}'")
+        done += 1
+    if run.rollbacks:
+        journal.rollbacks_run("recover")
     return done, failed

@@ -96,6 +96,8 @@ class Runner:
                   "source": self.source, "run_id": self.run_id, "start": _iso(self.wall0),
                   "steady_states": {}, "runs": [], "rollbacks": []}
         self.journal = Journal(self.journal_dir, self.run_id, self.exp.title, self.source)
+        if self.exp.rollbacks:
+            self.journal.declare_rollbacks(self.exp.rollbacks)
         old = {s: signal.signal(s, self._on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         status = "completed"
         hyp_probes = len((self.exp.hypothesis or {}).get("probes") or [])
@@ -128,6 +130,8 @@ class Runner:
                 self.rollback_all()
                 for act in self.exp.rollbacks:
                     record["rollbacks"].append(self.execute(act, "rollbacks"))
+                if self.exp.rollbacks:
+                    self.journal.rollbacks_run("run")
                 self._pool.shutdown(wait=True)
                 if status in ("completed", "deviated", "failed"):
                     record["steady_states"]["after_rollback"] = self.hypothesis("after-rollback")
@@ -206,12 +210,8 @@ class Runner:
     def dispatch(self, act: dict, index: int | None):
         p = act["provider"]
         kind = p["type"]
-        if kind == "python":
-            return providers.run_python(p)
-        if kind == "process":
-            return providers.run_process(p)
-        if kind == "http":
-            return providers.run_http(p)
+        if kind in providers.GENERIC:
+            return providers.GENERIC[kind](p)
         if "fault" in p:
             return self.apply_fault(act)
         if "rollback" in p:
