@@ -15,6 +15,7 @@ hypothesis = pytest.importorskip("hypothesis", reason="the fuzz tier needs hypot
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from tracehound.attribution.kubelet import parse_pod_list  # noqa: E402
 from tracehound.attribution.procs import parse_proc_cgroup  # noqa: E402
 from tracehound.attribution.resolver import WorkloadResolver  # noqa: E402
 from tracehound.attribution.workload import WORKLOAD_LABELS  # noqa: E402
@@ -167,3 +168,21 @@ def test_experiment_documents_validate_to_problems_never_to_exceptions(doc):
         return
     problems, experiment = schema.validate(loaded)
     assert problems or experiment is not None
+
+
+POD_JSON = st.recursive(
+    st.one_of(st.none(), st.booleans(), st.integers(), st.text(max_size=10)),
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(st.sampled_from(
+        ["items", "metadata", "uid", "name", "namespace", "status", "containerStatuses",
+         "initContainerStatuses", "containerID", "x"]), inner, max_size=4)),
+    max_leaves=30)
+
+
+@fuzz
+@given(POD_JSON)
+def test_kubelet_pod_lists_parse_or_are_refused(doc):
+    try:
+        pods = parse_pod_list(doc)
+    except ValueError:
+        return
+    assert all(isinstance(uid, str) and record.uid == uid for uid, record in pods.items())

@@ -146,23 +146,45 @@ def _listdir(path: str) -> list:
         return []
 
 
+def _dict(value) -> dict:
+    return value if isinstance(value, dict) else {}
+
+
+def _list(value) -> list:
+    return value if isinstance(value, list) else []
+
+
+def _str(value) -> str:
+    return value if isinstance(value, str) else ""
+
+
 def parse_pod_list(doc: Mapping) -> dict[str, PodRecord]:
-    """A kubelet/apiserver PodList as pod uid -> complete PodRecord."""
+    """A kubelet/apiserver PodList as pod uid -> complete PodRecord. The
+    answer is another process's: a field of the wrong type is skipped, and a
+    document that is no PodList at all is a ValueError."""
+    if not isinstance(doc, dict) or not isinstance(doc.get("items", []), (list, type(None))):
+        raise ValueError("the answer is not a PodList (a JSON object with an items list)")
     pods: dict[str, PodRecord] = {}
-    for item in doc.get("items") or []:
-        meta = item.get("metadata") or {}
-        uid = meta.get("uid")
+    for item in _list(doc.get("items")):
+        meta = _dict(_dict(item).get("metadata"))
+        uid = _str(meta.get("uid"))
         if not uid:
             continue
         containers: dict[str, str] = {}
-        status = item.get("status") or {}
+        status = _dict(item.get("status"))
         for key in _STATUS_LISTS:
-            for cs in status.get(key) or []:
-                cid = (cs.get("containerID") or "").split("://", 1)[-1]
-                if cid and cs.get("name"):
+            for cs in map(_dict, _list(status.get(key))):
+                cid = _str(cs.get("containerID")).split("://", 1)[-1]
+                if cid and _str(cs.get("name")):
                     containers[cid] = cs["name"]
-        pods[uid] = PodRecord(uid, meta.get("namespace", ""), meta.get("name", ""), containers, complete=True)
+        pods[uid] = PodRecord(uid, _str(meta.get("namespace")), _str(meta.get("name")),
+                              containers, complete=True)
     return pods
+
+
+# A node's PodList (110 pods, the kubelet's default limit) is a few MB; a
+# misdirected --kubelet-url must not be read without end.
+MAX_POD_LIST_BYTES = 64 << 20
 
 
 class KubeletPodsSource(_Refreshing):
@@ -193,7 +215,14 @@ class KubeletPodsSource(_Refreshing):
                 context.check_hostname = False
                 context.verify_mode = ssl.CERT_NONE
         with urllib.request.urlopen(request, timeout=self.timeout, context=context) as resp:
-            return parse_pod_list(json.loads(resp.read().decode("utf-8")))
+            body = resp.read(MAX_POD_LIST_BYTES + 1)
+        if len(body) > MAX_POD_LIST_BYTES:
+            raise ValueError(f"{self.url}: answer larger than {MAX_POD_LIST_BYTES >> 20} MiB")
+        try:
+            doc = json.loads(body.decode("utf-8"))
+        except RecursionError:
+            raise ValueError(f"{self.url}: answer nested too deeply") from None
+        return parse_pod_list(doc)
 
 
 def first_of(*sources: PodSource) -> PodSource:
