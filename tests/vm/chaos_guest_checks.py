@@ -206,9 +206,13 @@ def recover_after_kill(c: rg.Checks, agent: rg.Agent) -> None:
         rec = subprocess.run([*TRACEHOUND, "chaos", "recover", "--journal", run.journal],
                              capture_output=True, text=True, check=False)
         after_recover = link_state()
+        # recover brings the link up (the fault's rollback), then runs the
+        # experiment's own rollback, which removes the veth pair altogether
         c.record("link_down_recovered_after_kill",
                  run.killed and after_kill == "DOWN" and rec.returncode == 0
-                 and after_recover == "UP",
+                 and "rolled back rdma.link_down" in rec.stdout
+                 and "ran the experiment's rollback 'remove-veth-pair'" in rec.stdout
+                 and after_recover is None,
                  f"killed {run.killed}; link after kill {after_kill}, after recover "
                  f"{after_recover}; recover exit {rec.returncode}\n{rec.stdout[-2000:]}"
                  f"{rec.stderr[-2000:]}\n{run.context()}")
