@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import signal
 import threading
 
 from prometheus_client import CollectorRegistry
@@ -93,15 +92,11 @@ class Agent:
         self._stop.wait()
 
 
-def run(config: AgentConfig, out=functools.partial(print, flush=True),
-        stop: threading.Event | None = None) -> int:
-    """Run the agent until `stop` is set (by default: until SIGINT or SIGTERM).
-    A stop asked for during start-up lets the start finish, then takes the
-    same clean path: probes detached, nothing left."""
-    if stop is None:
-        stop = threading.Event()
-        for signum in (signal.SIGINT, signal.SIGTERM):
-            signal.signal(signum, lambda _signum, _frame: stop.set())
+def run(config: AgentConfig, stop: threading.Event,
+        out=functools.partial(print, flush=True)) -> int:
+    """Run the agent until `stop` is set (`tracehound run` sets it on SIGINT
+    or SIGTERM). A stop asked for during start-up lets the start finish, then
+    takes the same clean path: probes detached, nothing left."""
     preflight.run_all()
     if stop.is_set():
         out("tracehound: stopped before anything was loaded")

@@ -150,19 +150,11 @@ def test_an_http_1_0_client_gets_its_answer_and_the_connection_closed(serve):
     assert b"Connection: close" in out
 
 
-def test_fifty_idle_connections_do_not_block_a_scrape(serve):
+@pytest.mark.parametrize("sent", [b"", b"GET /metrics HT"],
+                         ids=["idle connections", "partial request lines"])
+def test_fifty_held_connections_do_not_block_a_scrape(serve, sent):
     exporter = serve()
-    socks = held(exporter, 50)
-    try:
-        status, _, body = get(exporter)
-        assert status == 200 and b"test_temperature_celsius" in body
-    finally:
-        close_all(socks)
-
-
-def test_fifty_partial_request_lines_do_not_block_a_scrape(serve):
-    exporter = serve()
-    socks = held(exporter, 50, b"GET /metrics HT")
+    socks = held(exporter, 50, sent)
     try:
         status, _, body = get(exporter)
         assert status == 200 and b"test_temperature_celsius" in body

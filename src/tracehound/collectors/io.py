@@ -27,7 +27,7 @@ LATENCY = Log2Histogram(HIST_SLOTS, 1e-9, FIRST_EXPORTED_POW)
 # where label sets beyond the series cap are counted
 OVERFLOW = ("__overflow__",) * 3 + ("",) * len(WORKLOAD_LABELS)
 LABELS = ["cgroup", "mountpoint", "fstype", *WORKLOAD_LABELS]
-BUCKET_BOUNDS = [(k, 2 ** k / 1e9) for k in range(FIRST_EXPORTED_POW, HIST_SLOTS)]
+BUCKET_BOUNDS = list(zip(range(FIRST_EXPORTED_POW, HIST_SLOTS), LATENCY.bounds))
 # --latency-histograms (defaults.LATENCY_HISTOGRAM_CHOICES): the indexes in
 # LABELS each latency histogram keeps (None: all); the counters keep all.
 HISTOGRAM_LABELS = {
@@ -78,10 +78,6 @@ class IoSample:
         return self._v
 
     @property
-    def bytes(self) -> array.array:
-        return self.v[0:2]
-
-    @property
     def calls(self) -> list[int]:
         v = self.v
         calls = list(v[_CALLS:_CALLS + len(OPS)])
@@ -90,18 +86,20 @@ class IoSample:
             calls[op] += sum(v[at:at + HIST_SLOTS])
         return calls
 
-    @property
-    def errors(self) -> array.array:
-        return self.v[_ERRORS:_ERRORS + len(OPS)]
 
-    @property
-    def lat_sum_ns(self) -> array.array:
-        return self.v[_LAT:_LAT + len(HISTS)]
+def _add_to(out: dict, labels: tuple, values: array.array) -> None:
+    """Sum values into the label set's sample (adopting the array for the
+    first: add() never writes into it)."""
+    sample = out.get(labels)
+    if sample is None:
+        out[labels] = IoSample(values)
+    else:
+        sample.add(values)
 
-    @property
-    def hist(self) -> list[array.array]:
-        return [self.v[_HIST + h * HIST_SLOTS:_HIST + (h + 1) * HIST_SLOTS]
-                for h in range(len(HISTS))]
+
+def _join(owner: tuple[str, ...], mount: tuple[str, str]) -> tuple[str, ...]:
+    """(cgroup path, *workload) and (mountpoint, fstype) in LABELS order."""
+    return (owner[0], *mount, *owner[1:])
 
 
 class IoCollector:
@@ -135,8 +133,7 @@ class IoCollector:
         return m.mountpoint, m.fstype
 
     def _labels(self, key: IoKey) -> tuple[str, ...]:
-        path, *workload = self.owners.labels(key.cgroup_id)
-        return (path, *self.mount_labels(key.mnt, key.flags), *workload)
+        return _join(self.owners.labels(key.cgroup_id), self.mount_labels(key.mnt, key.flags))
 
     def samples(self) -> dict[tuple[str, ...], IoSample]:
         """Counters to export now per label set.
@@ -170,21 +167,11 @@ class IoCollector:
             mount = mount_of.get((key.mnt, key.flags))
             if mount is None:
                 mount = mount_of[key.mnt, key.flags] = self.mount_labels(key.mnt, key.flags)
-            labels = admit((owner[0], *mount, *owner[1:]))
-            sample = live.get(labels)
-            if sample is None:
-                live[labels] = IoSample(values)
-            else:
-                sample.add(values)
+            _add_to(live, admit(_join(owner, mount)), values)
         retired: dict[tuple[str, ...], IoSample] = {}
         # dead before this read, so nothing can add to them any more
         for key, values in self.probe.retire(dead):
-            labels = self._labels(key)
-            sample = retired.get(labels)
-            if sample is None:
-                retired[labels] = IoSample(values)
-            else:
-                sample.add(values)
+            _add_to(retired, self._labels(key), values)
         self.entries = total - len(dead)
         gone = {k.cgroup_id for k in dead}
         self.owners.retain(self.name, {cg for cg, ok in alive.items() if ok}, gone)
@@ -230,12 +217,7 @@ class IoCollector:
                 key = list(blank)
                 for i in keep:
                     key[i] = lv[i]
-                key = tuple(key)
-                g = groups.get(key)
-                if g is None:
-                    groups[key] = IoSample(array.array("Q", s.v))
-                else:
-                    g.merge(s)
+                _add_to(groups, tuple(key), s.v)
         get = self.blocks.get
         blocks = [get(lv) for lv in groups]
         rows = [s.v for s in groups.values()]

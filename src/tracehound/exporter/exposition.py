@@ -191,7 +191,6 @@ class Log2Histogram:
     scale) (0.93 for nanoseconds)."""
 
     def __init__(self, slots: int, scale: float, first: int):
-        self.slots = slots
         self.first = first
         self.bounds = [2 ** k * scale for k in range(first, slots)]
         # slot s is [2^(s+l), 2^(s+1+l)) with l = log2(scale); the schema-0

@@ -122,10 +122,11 @@ def restrict(families: Iterable[Metric], names: set[str]):
     """Only the samples named in `names` (as prometheus_client's
     `?name[]=` filter does: full sample names, e.g. x_total, x_bucket)."""
     for fam in families:
-        samples = [s for s in fam.samples if s.name in names]
+        every = fam.samples          # a Rows family builds them on each access
+        samples = [s for s in every if s.name in names]
         if not samples:
             continue
-        if len(samples) == len(fam.samples) and not isinstance(fam, exposition.Rows):
+        if len(samples) == len(every) and not isinstance(fam, exposition.Rows):
             yield fam
             continue
         out = Metric(fam.name, fam.documentation, fam.type, fam.unit)
