@@ -27,6 +27,7 @@ import json
 import os
 import platform
 import re
+import struct
 import subprocess
 import sys
 import time
@@ -35,6 +36,7 @@ from pathlib import Path
 from tracehound.host.mounts import MountTable
 
 # bpf(2) commands, uapi linux/bpf.h
+BPF_MAP_LOOKUP_ELEM = 1
 BPF_MAP_UPDATE_ELEM = 2
 BPF_MAP_GET_FD_BY_ID = 14
 BPF_OBJ_GET_INFO_BY_FD = 15
@@ -205,11 +207,14 @@ def open_map(map_id: int) -> tuple[int, _MapInfo]:
     return fd, info
 
 
-def find_map(pid: int, name: str) -> tuple[int, _MapInfo]:
+def find_map(pid: int, name: str, suffix: bool = False) -> tuple[int, _MapInfo]:
+    """`suffix`: match the end of the kernel's name (global-data maps are
+    named after the object, e.g. io.bss)."""
     found = []
     for map_id in sorted(map_ids_of(pid)):
         fd, info = open_map(map_id)
-        if info.name.decode() == name:
+        got = info.name.decode()
+        if got == name or (suffix and got.endswith(name)):
             found.append((fd, info))
         else:
             os.close(fd)
@@ -238,9 +243,10 @@ def value(io, seed: int) -> bytes:
         # spread over two neighbouring slots, as real latencies are
         hist[h * slots + slot], hist[h * slots + slot + 1] = n - n // 3, n // 3
         lat[h] = (n - n // 3) * 3 * 2 ** (slot - 1) + (n // 3) * 3 * 2 ** slot
-    fields = {"bytes": (reads * 4096, writes * 4096), "calls": calls, "errors": errors,
-              "lat_sum_ns": lat, "hist": hist}
-    return io.IO_STATS.pack(*(fields[f.name] for f in io.IO_STATS.fields))
+    fields = {"owner": b"", "bytes": (reads * 4096, writes * 4096), "calls": calls,
+              "errors": errors, "lat_sum_ns": lat, "hist": hist}
+    # the counters only: each slot gets its own key in front
+    return io.IO_STATS.pack(*(fields[f.name] for f in io.IO_STATS.fields))[io.COUNTERS_AT:]
 
 
 def update(fd: int, keys: bytes, values: bytes, n: int, chunk: int = 4096) -> str:
@@ -267,26 +273,46 @@ def update(fd: int, keys: bytes, values: bytes, n: int, chunk: int = 4096) -> st
 
 
 def fill_map(args) -> dict:
+    """Register one slot per (cgroup, mount) the way the probe's new_slot
+    does: counters (owner key first) in io_stats, key -> slot in io_slots,
+    and next_slot moved past them. Slots the probe hands out while this runs
+    would be overwritten: fill an agent that is otherwise idle."""
     # imported here: the tree under test is on PYTHONPATH only in this process
     from tracehound.probes import io
-    if io.IO_STATS.size != io.N_FIELDS * 8:
-        raise RuntimeError(f"io_stats is {io.IO_STATS.size} bytes, not {io.N_FIELDS} u64")
     started = time.monotonic()
     cgroup_ids = sorted(e.inode() for e in os.scandir(args.cgroups) if e.is_dir(follow_symlinks=False))
     mnt_ids = [int(m) for m in args.mnt_ids.split(",") if m]
-    fd, info = find_map(args.pid, args.map)
+    fds = []
     try:
-        if (info.key_size, info.value_size) != (io.KEY.size, io.IO_STATS.size):
-            raise RuntimeError(f"map {args.map} has key/value {info.key_size}/{info.value_size} "
-                               f"bytes, this tree's layout {io.KEY.size}/{io.IO_STATS.size}")
+        stats_fd, info = find_map(args.pid, "io_stats")
+        fds.append(stats_fd)
+        slots_fd, _ = find_map(args.pid, "io_slots")
+        fds.append(slots_fd)
+        bss_fd, _ = find_map(args.pid, ".bss", suffix=True)
+        fds.append(bss_fd)
+        if info.value_size != io.IO_STATS.size:
+            raise RuntimeError(f"io_stats values are {info.value_size} bytes, this tree's "
+                               f"layout {io.IO_STATS.size}")
+        zero = struct.pack("=I", 0)
+        key, next_slot = ctypes.create_string_buffer(zero, 4), ctypes.create_string_buffer(8)
+        bpf(BPF_MAP_LOOKUP_ELEM, _Elem(map_fd=bss_fd, key=ctypes.addressof(key),
+                                       value=ctypes.addressof(next_slot)))
+        base = struct.unpack("=Q", next_slot.raw)[0]
         n = len(cgroup_ids) * len(mnt_ids)
+        if base + n > info.max_entries:
+            raise RuntimeError(f"{n} entries do not fit: {base} of {info.max_entries} slots "
+                               "are in use")
+        update(bss_fd, zero, struct.pack("=Q", base + n), 1)
         # a few dozen distinct values are as good as n of them for the exporter
         variants = [value(io, s) for s in range(97)]
-        keys = b"".join(io.KEY.pack(c, m, 0) for c in cgroup_ids for m in mnt_ids)
-        how = update(fd, keys, b"".join(variants[i % 97] for i in range(n)), n)
+        keys = [io.KEY.pack(c, m, 0) for c in cgroup_ids for m in mnt_ids]
+        slots = b"".join(struct.pack("=I", base + i) for i in range(n))
+        update(stats_fd, slots, b"".join(k + variants[i % 97] for i, k in enumerate(keys)), n)
+        how = update(slots_fd, b"".join(keys), slots, n)
     finally:
-        os.close(fd)
-    return {"map_id": info.id, "max_entries": info.max_entries, "entries": n,
+        for fd in fds:
+            os.close(fd)
+    return {"max_entries": info.max_entries, "entries": n, "first_slot": base,
             "cgroups": len(cgroup_ids), "mounts": len(mnt_ids), "value_size": info.value_size,
             "update": how, "seconds": round(time.monotonic() - started, 3)}
 
@@ -302,7 +328,6 @@ def main() -> int:
     fill.add_argument("--pid", type=int, required=True, help="the agent's process")
     fill.add_argument("--cgroups", required=True, help="directory whose subdirectories are the cgroups")
     fill.add_argument("--mnt-ids", required=True, help="comma-separated mount ids")
-    fill.add_argument("--map", default="io_stats")
     args = ap.parse_args()
     if args.how == "io":
         return io_worker(args.parent, args.mounts)

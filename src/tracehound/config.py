@@ -19,3 +19,5 @@ class AgentConfig:
     mountinfo: str = defaults.MOUNTINFO
     rdma_grace_s: float = defaults.RDMA_GRACE_S
     latency_histograms: str = defaults.LATENCY_HISTOGRAMS
+    # probes (of defaults.LATENCY_PROBES) whose calls are timed
+    latency: frozenset[str] = frozenset(defaults.LATENCY_PROBES)

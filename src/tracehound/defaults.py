@@ -17,6 +17,9 @@ MAX_SERIES = 10000
 # three quarters of every scrape
 LATENCY_HISTOGRAMS = "cgroup-mount"
 LATENCY_HISTOGRAM_CHOICES = ("cgroup-mount", "cgroup", "mount", "off")
+# probes whose calls the kernel can time (--latency); timing is the dearer
+# half of their per-call cost in syscall mode
+LATENCY_PROBES = ("io.read", "io.write", "io.fsync")
 # capacity of the RDMA probe's mirror of the kernel's resource tracker
 RDMA_MAX_OBJECTS = 16384
 # how long RDMA objects may outlive their process, or the mirror disagree

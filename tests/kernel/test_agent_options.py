@@ -1,6 +1,8 @@
 """Agent options that change what the kernel counts or how it is exported: skip list,
-map size, mount namespace, latency histograms."""
+map size, mount namespace, latency histograms, latency off."""
+import json
 import os
+import subprocess
 
 import pytest
 
@@ -77,5 +79,50 @@ def test_latency_histograms_per_mount(hook_mode, cgroup_root, cgroup, tmpfs):
                 if name == "tracehound_io_write_latency_seconds_count"
                 and dict(ls).get("mountpoint") == tmpfs]
         assert mine and mine[0] >= 3
+    finally:
+        stop_agent(a)
+
+
+def _program_names(pid: int) -> set[str]:
+    from tests.kernel.test_kill_points import bpf_ids
+    names = set()
+    for ident in bpf_ids(pid)["prog"]:
+        res = subprocess.run(["bpftool", "prog", "show", "id", str(ident), "-j"],
+                             capture_output=True, text=True)
+        if res.returncode == 0:
+            names.add(json.loads(res.stdout).get("name", ""))
+    return names
+
+
+@pytest.mark.parametrize("latency", ["off", "io.fsync"])
+def test_latency_off_keeps_counters_exact(hook_mode, cgroup_root, cgroup, tmpfs, latency):
+    """Counters only: bytes, calls and errors as exact as with latency on;
+    histograms only for the probes still timed, and no clock-starting
+    programs for the others."""
+    a = start_agent(hook_mode, "--latency", latency)
+    try:
+        f = os.path.join(tmpfs, "untimed")
+        res = run_in_cgroup(cgroup_root, cgroup, [
+            ["write", f, 100_003, 4096], ["fsync", f], ["read", f, 8192]])
+        assert res[0] == 100_003 and res[2] == 100_003
+        m = a.scrape()
+        lb = {"cgroup": cgroup, "mountpoint": tmpfs}
+        assert series(m, "tracehound_io_write_bytes_total", **lb) == 100_003
+        assert series(m, "tracehound_io_read_bytes_total", **lb) == 100_003
+        assert series(m, "tracehound_io_write_requests_total", **lb) == 25
+        assert series(m, "tracehound_io_read_requests_total", **lb) == 13 + 1
+        # the worker's fsync step is an fsync and an fdatasync
+        assert series(m, "tracehound_io_fsync_requests_total", **lb) == 2
+        families = {n.removesuffix("_count") for (n, _ls), _v in m.items()
+                    if n.endswith("_latency_seconds_count")}
+        timed = {"off": set(), "io.fsync": {"tracehound_io_fsync_latency_seconds"}}[latency]
+        assert families == timed
+        if timed:
+            assert series(m, "tracehound_io_fsync_latency_seconds_count", **lb) == 2
+        names = _program_names(a.proc.pid)
+        assert not names & {"fe_vfs_read", "fe_vfs_readv", "fe_vfs_write", "fe_vfs_writev"}, names
+        if hook_mode == "tracepoint":
+            # syscall mode: only the exit hook, unless fsync is still timed
+            assert ("tp_sys_enter" in names) == (latency != "off")
     finally:
         stop_agent(a)

@@ -54,6 +54,16 @@ class FakeProbe(IoProbe):
     def sync_mounts(self, force=False):
         pass
 
+    # the kernel keeps each entry's key in front of its counters
+    def _entries(self):
+        for k, v in self.maps["io_stats"].iter_items():
+            yield k, k + v
+
+    def _retire(self, key):
+        v = self.maps["io_stats"].lookup(key)
+        self.maps["io_stats"].delete(key)
+        return None if v is None else key + v
+
 
 class FakeCgroups:
     def __init__(self):

@@ -94,6 +94,15 @@ def started_subsystems(maps):
     io, rdma = IoSubsystem(ctx), RdmaSubsystem(ctx)
     # the probes as start() leaves them, over fixed maps instead of loaded ones
     io.probe._maps = {n: FixedMap(maps[n]) for n in ("io_stats", "io_health")}
+    # entries as the kernel lays them out: the key in front of the counters
+    fixed = io.probe._maps["io_stats"]
+    io.probe._entries = lambda: ((k, k + v) for k, v in fixed.iter_items())
+
+    def retire(key):
+        v = fixed.lookup(key)
+        fixed.delete(key)
+        return None if v is None else key + v
+    io.probe._retire = retire
     io.probe.sync_mounts = lambda force=False: None
     io.probe.modes = lambda: {"io.read": "tracepoint", "io.write": "tracepoint",
                               "io.fsync": "tracepoint"}

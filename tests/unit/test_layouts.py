@@ -54,8 +54,10 @@ def test_layout_matches_the_object_btf(obj, layout):
 
 
 def test_io_stats_is_the_flat_array_python_reads():
-    # probes/io.py reads io_stats as one flat array of N_FIELDS u64
-    assert IO_STATS.size == 8 * io_mod.N_FIELDS
+    # probes/io.py reads io_stats as its owner key and one flat array of
+    # N_FIELDS u64
+    assert IO_STATS.fields[0].name == "owner" and IO_STATS.fields[0].size == io_mod.COUNTERS_AT
+    assert IO_STATS.size == io_mod.COUNTERS_AT + 8 * io_mod.N_FIELDS
 
 
 # --- check() must fail where it should -------------------------------------
@@ -78,12 +80,13 @@ def test_check_reports_a_wrong_size_and_a_missing_field():
         "struct io_key: size 16, Python says 12",
         "struct io_key: C field flags (offset 12, 4 bytes) missing in Python",
     ]
-    fewer_ops = Layout("io_stats", [(f.name, f.fmt, f.count - (f.name == "errors"))
+    fewer_ops = Layout("io_stats", [(f.name, f.fmt) if f.count is None else
+                                    (f.name, f.fmt, f.count - (f.name == "errors"))
                                     for f in IO_STATS.fields])
     problems = check(object_path("io"), [fewer_ops])
-    assert problems[0] == "struct io_stats: size 952, Python says 944"
+    assert problems[0] == "struct io_stats: size 968, Python says 960"
     assert "struct io_stats: field errors is 72 bytes, Python says 64" in problems
-    assert "struct io_stats: field lat_sum_ns at offset 160, Python says 152" in problems
+    assert "struct io_stats: field lat_sum_ns at offset 176, Python says 168" in problems
 
 
 @needs_objects("io")

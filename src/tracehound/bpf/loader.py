@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ctypes
 import errno as errno_mod
+import mmap
 import os
 from typing import Iterator
 
@@ -116,6 +117,37 @@ class Map:
         if ret < 0:
             raise TracehoundError(f"map {self.name}: cannot set max_entries={n}: "
                                   + libbpf.strerror(libbpf.errno_of(ret)))
+
+    @property
+    def stride(self) -> int:
+        """Bytes between consecutive values of an array map in memory."""
+        return (self.value_size + 7) & ~7
+
+    def memory(self) -> mmap.mmap:
+        """A loaded array map created with BPF_F_MMAPABLE, mapped read-only:
+        values are read without a system call each. Close it before the
+        object: the mapping keeps the map alive."""
+        n = libbpf.lib().bpf_map__max_entries(self._ptr)
+        try:
+            return mmap.mmap(self.fd, self.stride * n, mmap.MAP_SHARED, mmap.PROT_READ)
+        except OSError as e:
+            raise TracehoundError(f"map {self.name}: cannot map its memory: "
+                                  f"{os.strerror(e.errno)}") from None
+
+    def push(self, value: bytes) -> None:
+        """Add a value to a queue or stack map."""
+        ret = libbpf.lib().bpf_map_update_elem(self.fd, None, value, 0)
+        if ret < 0:
+            raise TracehoundError(f"map {self.name}: push failed: "
+                                  + libbpf.strerror(libbpf.errno_of(ret)))
+
+    def set_initial_value(self, data: bytes) -> None:
+        """Contents of a global-data map (.rodata.*, .data.*) at load; before
+        load only, and exactly the section's size."""
+        ret = libbpf.lib().bpf_map__set_initial_value(self._ptr, data, len(data))
+        if ret < 0:
+            raise TracehoundError(f"map {self.name}: cannot set its {len(data)}-byte initial "
+                                  f"value: " + libbpf.strerror(libbpf.errno_of(ret)))
 
     def update(self, key: bytes, value: bytes, flags: int = 0) -> None:
         ret = libbpf.lib().bpf_map_update_elem(self.fd, key, value, flags)

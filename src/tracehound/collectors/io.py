@@ -108,7 +108,8 @@ class IoCollector:
     name = "io"
 
     def __init__(self, probe, mounts: MountTable, owners: Owners, max_series: int = 0,
-                 latency_histograms: str = defaults.LATENCY_HISTOGRAMS):
+                 latency_histograms: str = defaults.LATENCY_HISTOGRAMS,
+                 timed: frozenset[str] = frozenset(HISTS)):
         if latency_histograms not in HISTOGRAM_LABELS:
             raise ValueError(f"latency histograms by {latency_histograms!r}: expected one of "
                              + ", ".join(HISTOGRAM_LABELS))
@@ -117,6 +118,8 @@ class IoCollector:
         self.owners = owners
         self.book: SeriesBook[IoSample] = SeriesBook(IoSample, OVERFLOW, max_series)
         self.histogram_labels = HISTOGRAM_LABELS[latency_histograms]
+        # operations the kernel times: the others have no histogram to show
+        self.timed = timed
         self.blocks = Blocks(LABELS)
         self.workload_blocks = Blocks(["cgroup", *WORKLOAD_LABELS])
         self.entries = 0
@@ -205,7 +208,7 @@ class IoCollector:
 
     def _histograms(self, samples: dict[tuple[str, ...], IoSample]):
         keep = self.histogram_labels
-        if keep == ():
+        if keep == () or not self.timed:
             return
         if keep is None:
             groups = samples
@@ -222,6 +225,8 @@ class IoCollector:
         blocks = [get(lv) for lv in groups]
         rows = [s.v for s in groups.values()]
         for h, op in enumerate(HISTS):
+            if op not in self.timed:
+                continue
             at = _HIST + h * HIST_SLOTS
             yield HistogramRows(f"tracehound_io_{op}_latency_seconds",
                                 f"Latency of {op} calls (log2 buckets).", blocks,

@@ -56,6 +56,20 @@ def _http_url(value: str) -> str:
     return value
 
 
+def _latency(value: str) -> frozenset[str]:
+    """on, off, or the probes to time: io.read,io.fsync"""
+    text = value.strip()
+    if text in ("on", "off"):
+        return frozenset(defaults.LATENCY_PROBES if text == "on" else ())
+    probes = [x.strip() for x in text.split(",")]
+    unknown = [p for p in probes if p not in defaults.LATENCY_PROBES]
+    if unknown or not text:
+        raise argparse.ArgumentTypeError(
+            f"{value!r}: expected on, off, or a comma-separated list of "
+            f"{', '.join(defaults.LATENCY_PROBES)}")
+    return frozenset(probes)
+
+
 def add_parser(sub, hook) -> None:
     run = sub.add_parser("run", parents=[hook], help="run the agent and its metrics exporter",
                          description="Load the probes and serve Prometheus metrics until "
@@ -89,7 +103,14 @@ def add_parser(sub, hook) -> None:
                      help="which labels the I/O latency histograms keep: cgroup-mount (every "
                           "label set, like the counters), cgroup (summed over mounts), mount "
                           "(summed over cgroups) or off; per label set they are three quarters "
-                          f"of a scrape (default {defaults.LATENCY_HISTOGRAMS})")
+                          f"of a scrape (default {defaults.LATENCY_HISTOGRAMS}); off also "
+                          "stops the timing, like --latency off")
+    run.add_argument("--latency", type=_latency, default=frozenset(defaults.LATENCY_PROBES),
+                     metavar="on|off|PROBES",
+                     help="time I/O calls in the kernel for the latency histograms: on "
+                          "(default), off (counters only: bytes, calls and errors stay exact; "
+                          "no clock reads, and in syscall mode no entry hook), or the probes to "
+                          f"time, comma-separated ({', '.join(defaults.LATENCY_PROBES)})")
     run.add_argument("--rdma-grace", type=_seconds(0, MAX_GRACE_S), default=defaults.RDMA_GRACE_S,
                      metavar="SECONDS",
                      help="how long RDMA objects may outlive their process, or the mirror "
@@ -111,4 +132,6 @@ def _run(args) -> int:
     return run(AgentConfig(args.listen, args.hook_mode, skip, args.max_entries, args.max_series,
                            args.pod_logs_dir, args.kubelet_url, rdma_grace_s=args.rdma_grace,
                            mountinfo=args.mountinfo,
-                           latency_histograms=args.latency_histograms), stop=stop)
+                           latency_histograms=args.latency_histograms,
+                           latency=frozenset() if args.latency_histograms == "off"
+                           else args.latency), stop=stop)

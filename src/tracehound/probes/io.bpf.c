@@ -8,7 +8,7 @@
  *   tp_ programs:         raw syscall tracepoints            (io_syscalls.bpf.h)
  * This file holds the maps and what every mode shares: mount and cgroup
  * attribution and the accounting itself. Userspace never sees individual
- * events; it reads io_stats at scrape time.
+ * events; it reads io_slots and io_stats at scrape time.
  */
 #include "types.h"
 #include <linux/bpf.h>
@@ -26,41 +26,61 @@ char LICENSE[] SEC("license") = "GPL";
 #define FMODE_CREATED 0x100000
 #define MAX_ERRNO 4095
 
-struct io_config {
-	__u32 agent_mnt_ns;   /* inode of the agent's mount namespace */
-	__u32 tp_ops;         /* bit per enum io_op counted by the syscall hooks */
-};
+const volatile struct io_settings settings SEC(".rodata.settings") = {};
 
+/* Kernels with bpf_rdonly_cast (6.2+) get this object; older ones get the
+ * same source built with IO_PROBE_READS, which reads kernel memory through
+ * helper calls. A typed view of a kernel address is read with plain loads
+ * that the JIT guards like a probe read, at a fraction of a helper call's
+ * cost (each call and return is dearest where return-stack mitigations
+ * run). */
+#ifndef IO_PROBE_READS
+extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym;
+#define VIEW(type, addr) ((type *)bpf_rdonly_cast((void *)(addr), bpf_core_type_id_kernel(type)))
+#endif
+
+/* The counters live in an array, whose lookup the verifier inlines; a hash
+ * only maps each (cgroup, mount) key to its slot, and each CPU remembers the
+ * slots of the keys it saw last (slot_hints), so an event finds its
+ * counters without a helper call. Userspace maps the array to read it. */
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
-	__uint(max_entries, 1);
+	__uint(max_entries, 8192);
+	__uint(map_flags, BPF_F_MMAPABLE);
 	__type(key, __u32);
-	__type(value, struct io_config);
-} io_config SEC(".maps");
+	__type(value, struct io_stats);
+} io_stats SEC(".maps");
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 8192);
 	__type(key, struct io_key);
-	__type(value, struct io_stats);
-} io_stats SEC(".maps");
+	__type(value, __u32);
+} io_slots SEC(".maps");
 
-/* A VFS call in flight on a thread (fentry/kprobe modes). */
-struct start {
-	__u64 ts;
-	__u32 mnt;
-	__u32 flags;   /* IO_KEY_* */
-	__u32 op;
+/* Slots userspace emptied (their cgroup is gone), for reuse; slots never
+ * used are handed out from next_slot. */
+struct {
+	__uint(type, BPF_MAP_TYPE_QUEUE);
+	__uint(max_entries, 8192);
+	__type(value, __u32);
+} free_slots SEC(".maps");
+
+__u64 next_slot;
+
+#define SLOT_HINTS 8
+struct slot_hint {
+	struct io_key key;
+	__u32 slot;
 	__u32 pad;
-	__u64 file;    /* vfs_open: the struct file being opened */
 };
 
 struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 16384);
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, SLOT_HINTS);
 	__type(key, __u32);
-	__type(value, struct start);
-} io_start SEC(".maps");
+	__type(value, struct slot_hint);
+} slot_hints SEC(".maps");
 
 /* Pseudo file systems to ignore, by name (filled from the configuration). */
 struct {
@@ -70,15 +90,15 @@ struct {
 	__type(value, __u8);
 } skip_fstypes SEC(".maps");
 
-/* vfsmount address -> mount id, or -1 for a skipped file system. Saves the
- * pointer walk and the type-name check on every call; userspace clears it
- * whenever the mount table changes, before an address can be reused. */
-struct {
-	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 4096);
-	__type(key, __u64);
-	__type(value, __s32);
-} mnt_cache SEC(".maps");
+/* What each mount id was last seen as: its super block's device (high half)
+ * and, in the low half, the id itself << 2 | MNT_SEEN | MNT_SKIPPED. An entry
+ * is trusted only while both still match, so a reused id or a colliding slot
+ * takes the slow path (type name lookup) once and overwrites it; one 64-bit
+ * store keeps readers on other CPUs from seeing half an entry. */
+#define MNT_SLOTS 4096
+#define MNT_SEEN 2
+#define MNT_SKIPPED 1
+__u64 mnt_seen[MNT_SLOTS] SEC(".data.mounts");
 
 /* Mount points of the agent's mount namespace, for absolute paths seen at
  * syscall entry (unlink, mkdir, ... before any file exists). */
@@ -104,8 +124,6 @@ struct {
 	__type(value, __u64);
 } io_health SEC(".maps");
 
-static const struct io_stats zero_stats;
-
 static __always_inline void health_inc(__u32 idx)
 {
 	__u64 *v = bpf_map_lookup_elem(&io_health, &idx);
@@ -117,6 +135,13 @@ static __always_inline bool is_err(long ret)
 {
 	return ret < 0 && ret >= -MAX_ERRNO;
 }
+
+static __always_inline bool timed(__u32 op)
+{
+	return settings.timed_ops & (1u << op);
+}
+
+#include "io_clocks.bpf.h"
 
 static __always_inline __u32 log2_slot(__u64 v)
 {
@@ -143,43 +168,74 @@ static __always_inline bool skip_sb(struct super_block *sb)
 /* Mount id of a vfsmount, or -1 when its file system is skipped. */
 static __always_inline int mount_id(struct vfsmount *vfsmnt)
 {
-	__u64 key = (__u64)vfsmnt;
-	__s32 *cached, id;
-	struct mount *mnt;
+	unsigned long mount = (unsigned long)vfsmnt - bpf_core_field_offset(struct mount, mnt);
+	struct super_block *sb;
+	__u64 seen, *slot;
+	__u32 id, dev;
+	bool skip;
 
 	if (!vfsmnt)
 		return -1;
-	cached = bpf_map_lookup_elem(&mnt_cache, &key);
-	if (cached)
-		return *cached;
-	if (skip_sb(BPF_CORE_READ(vfsmnt, mnt_sb))) {
-		id = -1;
-	} else {
-		mnt = (void *)vfsmnt - bpf_core_field_offset(struct mount, mnt);
-		id = BPF_CORE_READ(mnt, mnt_id);
-	}
-	bpf_map_update_elem(&mnt_cache, &key, &id, BPF_ANY);
-	return id;
+#ifdef IO_PROBE_READS
+	id = BPF_CORE_READ((struct mount *)mount, mnt_id);
+	sb = BPF_CORE_READ(vfsmnt, mnt_sb);
+	dev = BPF_CORE_READ(sb, s_dev);
+#else
+	id = VIEW(struct mount, mount)->mnt_id;
+	sb = VIEW(struct vfsmount, vfsmnt)->mnt_sb;
+	dev = sb->s_dev;
+#endif
+	seen = (__u64)dev << 32 | (id & 0x3fffffff) << 2 | MNT_SEEN;
+	slot = &mnt_seen[id & (MNT_SLOTS - 1)];
+	if ((*slot & ~(__u64)MNT_SKIPPED) == seen)
+		return *slot & MNT_SKIPPED ? -1 : (int)id;
+	skip = skip_sb(sb);
+	*slot = seen | (skip ? MNT_SKIPPED : 0);
+	return skip ? -1 : (int)id;
 }
 
-static __always_inline struct file *fd_file(long fd)
+static __always_inline struct vfsmount *file_vfsmount(struct file *f)
 {
-	/* BTF-typed task: plain loads instead of a helper call per pointer */
-	struct task_struct *task = bpf_get_current_task_btf();
+#ifdef IO_PROBE_READS
+	return BPF_CORE_READ(f, f_path.mnt);
+#else
+	return VIEW(struct file, f)->f_path.mnt;
+#endif
+}
+
+/* `task`: the current one, BTF-typed (plain loads instead of a helper call
+ * per pointer); the hot paths fetch it once and pass it down. */
+static __always_inline struct file *fd_file(struct task_struct *task, long fd)
+{
 	struct fdtable *fdt = task->files->fdt;
-	struct file *f = 0;
+	unsigned long at;
 
 	if (fd < 0 || fd >= fdt->max_fds)
 		return 0;
-	bpf_probe_read_kernel(&f, sizeof(f), &fdt->fd[fd]);
+	at = (unsigned long)fdt->fd + fd * sizeof(struct file *);
+#ifdef IO_PROBE_READS
+	struct file *f = 0;
+
+	bpf_probe_read_kernel(&f, sizeof(f), (void *)at);
 	return f;
+#else
+	/* the fd array is untyped memory: read the slot as the file pointer
+	 * member of a struct that has one */
+	return VIEW(struct kiocb, at - bpf_core_field_offset(struct kiocb, ki_filp))->ki_filp;
+#endif
 }
 
-static __always_inline int fd_mount(long fd)
+static __always_inline int fd_mount(struct task_struct *task, long fd)
 {
-	struct file *f = fd_file(fd);
+	struct file *f = fd_file(task, fd);
 
-	return f ? mount_id(BPF_CORE_READ(f, f_path.mnt)) : -1;
+	return f ? mount_id(file_vfsmount(f)) : -1;
+}
+
+/* What bpf_get_current_cgroup_id returns, read with plain loads. */
+static __always_inline __u64 cgroup_id_of(struct task_struct *task)
+{
+	return task->cgroups->dfl_cgrp->kn->id;
 }
 
 /* Mount a path argument starts from: the longest mount-point prefix for an
@@ -199,11 +255,9 @@ static __always_inline int path_mount(long dirfd, const char *upath)
 	if (len <= 0)
 		return -1;
 	if (key->path[0] == '/') {
-		struct io_config *cfg = bpf_map_lookup_elem(&io_config, &zero);
-
 		if (bpf_core_field_exists(struct ns_common, inum))
 			ns = BPF_CORE_READ(task, nsproxy, mnt_ns, ns.inum);
-		if (cfg && ns == cfg->agent_mnt_ns) {
+		if (ns == settings.agent_mnt_ns) {
 			key->prefixlen = (len - 1) * 8;
 			val = bpf_map_lookup_elem(&mounts_by_path, key);
 			if (val)
@@ -213,39 +267,96 @@ static __always_inline int path_mount(long dirfd, const char *upath)
 	}
 	if (dirfd == AT_FDCWD)
 		return mount_id(BPF_CORE_READ(task, fs, pwd.mnt));
-	return fd_mount(dirfd);
+	return fd_mount(bpf_get_current_task_btf(), dirfd);
 }
 
-
-static __always_inline void account(__u32 mnt, __u32 flags, __u32 op, long ret, __u64 delta)
+/* Count one call. `delta` is its latency when it was timed, 0 when not
+ * (latency off for the op, or the call began before the probe attached):
+ * a timed call is counted in its histogram, any other in calls[op], and the
+ * scrape adds the two, so every call is counted exactly once. */
+static __always_inline bool same_key(const struct io_key *a, const struct io_key *b)
 {
-	struct io_key key = { .cgroup_id = bpf_get_current_cgroup_id(), .mnt = mnt, .flags = flags };
-	struct io_stats *s = bpf_map_lookup_elem(&io_stats, &key);
+	return a->cgroup_id == b->cgroup_id && a->mnt == b->mnt && a->flags == b->flags;
+}
+
+/* A slot for a key seen for the first time, registered in io_slots. */
+static __noinline __u32 new_slot(struct io_key *key)
+{
+	struct io_stats *s;
+	__u32 slot, *won;
+
+	if (bpf_map_pop_elem(&free_slots, &slot)) {
+		if (next_slot >= settings.slots)
+			return -1;
+		slot = __sync_fetch_and_add(&next_slot, 1);
+		if (slot >= settings.slots)
+			return -1;
+	}
+	s = bpf_map_lookup_elem(&io_stats, &slot);
+	if (!s)
+		return -1;
+	s->owner = *key;
+	if (!bpf_map_update_elem(&io_slots, key, &slot, BPF_NOEXIST))
+		return slot;
+	/* another CPU registered the key first: use its slot */
+	s->owner.cgroup_id = 0;
+	bpf_map_push_elem(&free_slots, &slot, 0);
+	won = bpf_map_lookup_elem(&io_slots, key);
+	return won ? *won : -1;
+}
+
+static __always_inline struct io_stats *stats_of(struct io_key *key)
+{
+	__u32 way = (key->cgroup_id ^ key->mnt) & (SLOT_HINTS - 1), slot, *found;
+	struct slot_hint *hint = bpf_map_lookup_elem(&slot_hints, &way);
+	struct io_stats *s;
+
+	if (hint && same_key(&hint->key, key)) {
+		s = bpf_map_lookup_elem(&io_stats, &hint->slot);
+		if (s && same_key(&s->owner, key))
+			return s;
+	}
+	found = bpf_map_lookup_elem(&io_slots, key);
+	slot = found ? *found : new_slot(key);
+	s = bpf_map_lookup_elem(&io_stats, &slot);
+	if (!s) {
+		health_inc(HEALTH_STATS_FULL);
+		return 0;
+	}
+	if (hint) {
+		hint->key = *key;
+		hint->slot = slot;
+	}
+	return s;
+}
+
+static __always_inline void account_in(struct task_struct *task, __u32 mnt, __u32 flags, __u32 op,
+				       long ret, __u64 delta)
+{
+	struct io_key key = { .cgroup_id = cgroup_id_of(task), .mnt = mnt, .flags = flags };
+	struct io_stats *s = stats_of(&key);
 	int hist = op == OP_READ ? HIST_READ : op == OP_WRITE ? HIST_WRITE :
 		   op == OP_FSYNC ? HIST_FSYNC : HIST_NONE;
 
-	if (!s) {
-		bpf_map_update_elem(&io_stats, &key, &zero_stats, BPF_NOEXIST);
-		s = bpf_map_lookup_elem(&io_stats, &key);
-		if (!s) {
-			health_inc(HEALTH_STATS_FULL);
-			return;
-		}
-	}
+	if (!s)
+		return;
 	if (op >= OP_MAX)
 		return;
 	if (is_err(ret))
 		__sync_fetch_and_add(&s->errors[op], 1);
 	else if (op <= OP_WRITE)
 		__sync_fetch_and_add(&s->bytes[op], ret);
-	/* For histogrammed ops the call count is the histogram's total, summed
-	 * at scrape time: one atomic less on the hottest path. */
-	if (hist >= 0 && hist < HIST_MAX) {
+	if (delta && hist >= 0 && hist < HIST_MAX) {
 		__sync_fetch_and_add(&s->lat_sum_ns[hist], delta);
 		__sync_fetch_and_add(&s->hist[hist][log2_slot(delta)], 1);
 	} else {
 		__sync_fetch_and_add(&s->calls[op], 1);
 	}
+}
+
+static __always_inline void account(__u32 mnt, __u32 flags, __u32 op, long ret, __u64 delta)
+{
+	account_in(bpf_get_current_task_btf(), mnt, flags, op, ret, delta);
 }
 
 #include "io_syscalls.bpf.h"

@@ -39,9 +39,13 @@ struct io_key {
 	__u32 flags;
 };
 
+/* One (cgroup, mount) entry's counters, in a slot of the io_stats array.
+ * `owner` is the key the slot belongs to: a CPU's remembered slot is used
+ * only while it still matches. */
 struct io_stats {
+	struct io_key owner;
 	__u64 bytes[2];          /* OP_READ, OP_WRITE: bytes actually transferred */
-	__u64 calls[OP_MAX];     /* unused for read, write, fsync: see hist */
+	__u64 calls[OP_MAX];     /* timed calls are counted in hist instead */
 	__u64 errors[OP_MAX];
 	__u64 lat_sum_ns[HIST_MAX];
 	__u64 hist[HIST_MAX][HIST_SLOTS];
@@ -50,8 +54,18 @@ struct io_stats {
 /* Index of counters in the io_health array. */
 enum io_health {
 	HEALTH_STATS_FULL = 0,   /* io_stats had no room for a new key */
-	HEALTH_START_FULL,       /* in-flight table had no room */
+	HEALTH_START_FULL,       /* no task storage for a call in flight */
 	HEALTH_MAX,
+};
+
+/* What the loader knows before load, fixed in .rodata: the verifier sees
+ * the values and drops the code they switch off, and no event pays a map
+ * read for them. */
+struct io_settings {
+	__u32 agent_mnt_ns;   /* inode of the agent's mount namespace */
+	__u32 tp_ops;         /* bit per enum io_op counted by the syscall hooks */
+	__u32 timed_ops;      /* bit per enum io_op whose latency is measured */
+	__u32 slots;          /* max_entries of io_stats and io_slots */
 };
 
 #define FSTYPE_LEN 16

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import array
 import logging
+import mmap
 import select
 import struct
 import threading
@@ -40,13 +41,17 @@ PATH_LEN = 256
 OBJECT = "io"
 IO_KEY = Layout("io_key", [("cgroup_id", "Q"), ("mnt", "I"), ("flags", "I")])
 IO_STATS = Layout("io_stats", [
+    ("owner", f"{IO_KEY.size}s"),
     ("bytes", "Q", 2), ("calls", "Q", len(OPS)), ("errors", "Q", len(OPS)),
     ("lat_sum_ns", "Q", len(HISTS)), ("hist", "Q", len(HISTS) * HIST_SLOTS)])
-# every field of struct io_stats is a __u64: Python reads it as one flat array
-N_FIELDS = IO_STATS.size // 8
+# after the owner key every field of struct io_stats is a __u64: Python reads
+# the counters as one flat array
+COUNTERS_AT = IO_KEY.size
+N_FIELDS = (IO_STATS.size - COUNTERS_AT) // 8
 LAYOUTS = (
     IO_KEY, IO_STATS,
-    Layout("io_config", [("agent_mnt_ns", "I"), ("tp_ops", "I")]),
+    Layout("io_settings", [("agent_mnt_ns", "I"), ("tp_ops", "I"), ("timed_ops", "I"),
+                           ("slots", "I")]),
     Layout("fstype_name", [("name", f"{FSTYPE_LEN}s")]),
     Layout("mnt_lpm_key", [("prefixlen", "I"), ("path", f"{PATH_LEN}s")]),
     Layout("mnt_lpm_value", [("mnt_id", "I"), ("skip", "I")]),
@@ -56,10 +61,26 @@ LAYOUTS = (
                "HEALTH_", stop="HEALTH_MAX"),
 )
 KEY = IO_KEY.struct
+SETTINGS = LAYOUTS[2].struct
+SLOT = struct.Struct("=I")
 
-# Syscall mode: two raw tracepoints serve every group; io_config.tp_ops tells
+# Syscall mode: two raw tracepoints serve every group; settings.tp_ops tells
 # them which operations are theirs to count.
 SYSCALL_PROGRAMS = ("tp_sys_enter", "tp_sys_exit")
+# Programs that only start a clock: left out for operations whose latency is
+# not measured (exit counts those alone).
+CLOCK_PROGRAMS = {"tp_sys_enter": HISTS, "fe_vfs_read": ("read",), "fe_vfs_readv": ("read",),
+                  "fe_vfs_write": ("write",), "fe_vfs_writev": ("write",),
+                  "fe_vfs_fsync_range": ("fsync",)}
+# moves a timed call's start off its CPU when its task is switched out
+CLOCK_MOVER = "tp_sched_switch"
+SETTINGS_MAP = ".rodata.settings"
+MOUNTS_SEEN_MAP = ".data.mounts"
+MOUNTS_SEEN_SLOTS = 4096
+# bpf_rdonly_cast (6.2) lets the probe read kernel structs with plain loads;
+# older kernels get the build that reads them through helper calls
+COMPAT_OBJECT = "io_compat"
+DIRECT_READS_KFUNC = "bpf_rdonly_cast"
 
 
 class IoKey(NamedTuple):
@@ -77,7 +98,10 @@ def _group(name: str, functions: tuple[str, ...], syscalls: tuple[str, ...],
     summary = ", ".join(functions + tuple(f"{s} trace events" for s in syscall_events))
 
     def vfs(mode: str, entry: str, exit_: str) -> HookMode:
-        programs = tuple(f"{p}_{f}" for f in functions for p in (entry, exit_)) + events
+        # fexit sees the arguments: fentry only starts clocks, and only
+        # operations with a latency histogram have one
+        programs = tuple(f"{p}_{f}" for f in functions for p in (entry, exit_)
+                         if p != "fe" or f"fe_{f}" in CLOCK_PROGRAMS) + events
         return HookMode(programs, features.function_checks(mode, functions) + event_checks,
                         summary)
 
@@ -103,7 +127,7 @@ GROUPS = (
     _group("mkdir", ("vfs_mkdir",), ("mkdir", "mkdirat")),
     _group("rename", ("vfs_rename",), ("rename", "renameat", "renameat2")),
 )
-# the operations each group counts (its bits in io_config.tp_ops)
+# the operations each group counts (its bits in settings.tp_ops)
 GROUP_OPS = {"read": ("read",), "write": ("write",), "fsync": ("fsync",),
              "open": ("open", "create"), "remove": ("unlink", "rmdir"),
              "mkdir": ("mkdir",), "rename": ("rename",)}
@@ -114,10 +138,20 @@ def op_mask(group: str) -> int:
 
 
 def decode_values(raw: bytes) -> array.array:
-    """struct io_stats as one flat array of u64, in the kernel's order."""
+    """The counters of a struct io_stats as one flat array of u64, in the
+    kernel's order."""
     a = array.array("Q")
-    a.frombytes(raw[:N_FIELDS * 8])
+    a.frombytes(raw[COUNTERS_AT:COUNTERS_AT + N_FIELDS * 8])
     return a
+
+
+def timed_mask(latency: frozenset[str]) -> int:
+    """settings.timed_ops: a bit per operation whose latency is measured."""
+    return sum(1 << OPS.index(op) for op in latency)
+
+
+def object_name() -> str:
+    return "io" if DIRECT_READS_KFUNC in features.kernel_symbols() else COMPAT_OBJECT
 
 
 @dataclass
@@ -125,6 +159,10 @@ class IoProbeConfig:
     hook_mode: str = defaults.HOOK_MODE
     skip_fstypes: tuple[str, ...] = DEFAULT_SKIP_FSTYPES
     max_entries: int = defaults.IO_MAX_ENTRIES
+    # operations (of HISTS) whose latency the kernel measures; the others
+    # are counted at exit only, with no clock read and, in syscall mode, no
+    # entry hook at all
+    latency: frozenset[str] = frozenset(HISTS)
 
 
 class IoProbe:
@@ -139,6 +177,7 @@ class IoProbe:
         self.plans: list[features.GroupPlan] = []
         self._lpm_keys: set[bytes] = set()
         self._maps: dict[str, Map] = {}
+        self._counters: mmap.mmap | None = None   # io_stats, shared with the kernel
         self._lock = threading.Lock()
         self._watcher: threading.Thread | None = None
         self._stop = threading.Event()
@@ -152,20 +191,30 @@ class IoProbe:
     def _load_and_attach(self, plans: list[features.GroupPlan]) -> None:
         self.close()
         self.plans = plans
-        obj = BpfObject(object_path("io"))
+        obj = BpfObject(object_path(object_name()))
         try:
             wanted = set()
             for p in self.plans:
                 wanted.update(p.group.programs(p.mode))
+            latency = self.config.latency
+            wanted -= {n for n, ops in CLOCK_PROGRAMS.items() if not latency.intersection(ops)}
+            if wanted & set(CLOCK_PROGRAMS):
+                wanted.add(CLOCK_MOVER)
             for name, prog in obj.programs.items():
                 prog.autoload = name in wanted
-            obj.map("io_stats").set_max_entries(self.config.max_entries)
+            for name in ("io_stats", "io_slots", "free_slots"):
+                obj.map(name).set_max_entries(self.config.max_entries)
+            tp_ops = sum(op_mask(p.group.name) for p in self.plans if p.mode == "tracepoint")
+            obj.map(SETTINGS_MAP).set_initial_value(SETTINGS.pack(
+                self.mounts.mount_namespace_inode(), tp_ops, timed_mask(latency),
+                self.config.max_entries))
             obj.load()
             self.obj = obj
             # held for the probe's life: a Map remembers whether batch lookups work
             self._maps = {name: obj.map(name) for name in
-                          ("io_stats", "io_health", "io_config", "skip_fstypes", "mnt_cache",
-                           "mounts_by_path")}
+                          ("io_stats", "io_slots", "free_slots", "io_health", "skip_fstypes",
+                           "mounts_by_path", MOUNTS_SEEN_MAP)}
+            self._counters = self._maps["io_stats"].memory()
             self._configure()
             obj.attach_all()
             self._start_watcher()
@@ -182,6 +231,9 @@ class IoProbe:
             self._watcher = None
         with self._lock:
             self._maps = {}
+            if self._counters is not None:
+                self._counters.close()
+                self._counters = None
             if self.obj is not None:
                 self.obj.close()
                 self.obj = None
@@ -218,9 +270,6 @@ class IoProbe:
         for name in self.config.skip_fstypes:
             raw = name.encode()[:FSTYPE_LEN - 1]
             skip.update(raw.ljust(FSTYPE_LEN, b"\0"), b"\1")
-        tp_ops = sum(op_mask(p.group.name) for p in self.plans if p.mode == "tracepoint")
-        self._maps["io_config"].update(
-            struct.pack("I", 0), struct.pack("II", self.mounts.mount_namespace_inode(), tp_ops))
         self.sync_mounts(force=True)
 
     def sync_mounts(self, force: bool = False) -> None:
@@ -230,10 +279,10 @@ class IoProbe:
                 self._sync_lpm()
 
     def _sync_lpm(self) -> None:
-        # Unmounted vfsmount addresses may be reused: forget cached ids.
-        cache = self._maps["mnt_cache"]
-        for key in list(cache.keys()):
-            cache.delete(key)
+        # The kernel checks each remembered mount id against its super block's
+        # device; forgetting them all when the table changes also covers an
+        # id and a device number both reused by a new mount.
+        self._maps[MOUNTS_SEEN_MAP].update(struct.pack("I", 0), bytes(8 * MOUNTS_SEEN_SLOTS))
         lpm = self._maps["mounts_by_path"]
         skip = set(self.config.skip_fstypes)
         wanted: dict[bytes, bytes] = {}
@@ -256,21 +305,42 @@ class IoProbe:
         first, so every mount id read has its name."""
         self.sync_mounts()
         unpack = KEY.unpack
-        for k, v in self._maps["io_stats"].iter_items():
+        for k, v in self._entries():
             yield IoKey(*unpack(k)), decode_values(v)
 
+    def _entries(self) -> Iterator[tuple[bytes, bytes]]:
+        """(raw key, raw struct io_stats) of every registered key: the slots
+        from io_slots, the counters straight from the mapped array."""
+        mem, stride = self._counters, self._maps["io_stats"].stride
+        for k, v in self._maps["io_slots"].iter_items():
+            at = SLOT.unpack(v)[0] * stride
+            raw = mem[at:at + stride]
+            # a key registered while its slot is being handed over: next scrape
+            if raw[:COUNTERS_AT] == k:
+                yield k, raw
+
     def retire(self, keys: list[IoKey]) -> list[tuple[IoKey, array.array]]:
-        """Read these entries one last time and delete them (their cgroup is
-        gone, so nothing can add to them any more)."""
-        stats = self._maps["io_stats"]
+        """Read these entries one last time and free their slots (their
+        cgroup is gone, so nothing can add to them any more)."""
         out = []
         for key in keys:
-            raw = KEY.pack(*key)
-            v = stats.lookup(raw)
-            if v is not None:
-                out.append((key, decode_values(v)))
-            stats.delete(raw)
+            raw = self._retire(KEY.pack(*key))
+            if raw is not None:
+                out.append((key, decode_values(raw)))
         return out
+
+    def _retire(self, key: bytes) -> bytes | None:
+        slots, stats = self._maps["io_slots"], self._maps["io_stats"]
+        found = slots.lookup(key)
+        if found is None:
+            return None
+        at = SLOT.unpack(found)[0] * stats.stride
+        raw = self._counters[at:at + stats.stride]
+        slots.delete(key)
+        # emptied, owner included, before it can be handed out again
+        stats.update(found, bytes(stats.value_size))
+        self._maps["free_slots"].push(found)
+        return raw if raw[:COUNTERS_AT] == key else None
 
     def drops(self) -> dict[str, int]:
         """Updates lost because a map was full, by map name (summed over CPUs)."""

@@ -3,21 +3,10 @@
  *
  * Two BTF-typed raw tracepoints (sys_enter, sys_exit) cover every syscall:
  * cheaper than one classic tracepoint per syscall, which builds a trace
- * record before calling the program. Enter only timestamps the calls that
- * have latency histograms; everything else is decided at exit, where the
- * saved user registers still hold the arguments. */
-
-struct tp_start {
-	__u64 ts;
-	long id;
-};
-
-struct {
-	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
-	__uint(map_flags, BPF_F_NO_PREALLOC);
-	__type(key, int);
-	__type(value, struct tp_start);
-} tp_start SEC(".maps");
+ * record before calling the program. Enter only timestamps the calls whose
+ * latency is measured, and is not attached at all when none is (latency
+ * off): everything else is decided at exit, where the saved user registers
+ * still hold the arguments. */
 
 /* Kernel names of the saved user registers (CO-RE flavour of pt_regs). */
 struct pt_regs___th {
@@ -63,33 +52,18 @@ static __always_inline int syscall_op(long id)
 	return -1;
 }
 
-static __always_inline bool tp_enabled(int op)
+static __always_inline bool tp_counts(int op)
 {
-	__u32 zero = 0;
-	struct io_config *cfg;
-
-	if (op < 0)
-		return false;
-	cfg = bpf_map_lookup_elem(&io_config, &zero);
-	return cfg && (cfg->tp_ops & (1u << op));
+	return op >= 0 && (settings.tp_ops & (1u << op));
 }
 
 SEC("tp_btf/sys_enter")
 int BPF_PROG(tp_sys_enter, struct pt_regs *regs, long id)
 {
 	int op = syscall_op(id);
-	struct tp_start *s;
 
-	if (op != OP_READ && op != OP_WRITE && op != OP_FSYNC)
-		return 0;
-	if (!tp_enabled(op))
-		return 0;
-	s = bpf_task_storage_get(&tp_start, bpf_get_current_task_btf(), 0,
-				 BPF_LOCAL_STORAGE_GET_F_CREATE);
-	if (s) {
-		s->ts = bpf_ktime_get_ns();
-		s->id = id;
-	}
+	if (tp_counts(op) && timed(op))
+		clock_start(CLOCK_SYSCALL, id);
 	return 0;
 }
 
@@ -113,7 +87,7 @@ static __always_inline void tp_open_exit(long id, struct pt_regs___th *r, long r
 		flags = 0;  /* struct open_how starts with __u64 flags */
 		bpf_probe_read_user(&flags, sizeof(flags), (void *)r->dx);
 	}
-	mnt = ret >= 0 ? fd_mount(ret) : path_mount(dirfd, path);
+	mnt = ret >= 0 ? fd_mount(bpf_get_current_task_btf(), ret) : path_mount(dirfd, path);
 	if (mnt < 0)
 		return;
 	account(mnt, 0, OP_OPEN, ret, 0);
@@ -127,20 +101,17 @@ int BPF_PROG(tp_sys_exit, struct pt_regs *regs, long ret)
 	struct pt_regs___th *r = (void *)regs;
 	long id = r->orig_ax;
 	int op = syscall_op(id), mnt;
-	struct tp_start *s;
+	struct task_struct *task;
 	__u64 delta = 0;
 
-	if (!tp_enabled(op))
+	if (!tp_counts(op))
 		return 0;
+	task = bpf_get_current_task_btf();
 	switch (op) {
 	case OP_READ: case OP_WRITE: case OP_FSYNC:
-		s = bpf_task_storage_get(&tp_start, bpf_get_current_task_btf(), 0, 0);
-		/* no start: the call began before the probe was attached */
-		if (!s || s->id != id || !s->ts)
-			return 0;
-		delta = bpf_ktime_get_ns() - s->ts;
-		s->ts = 0;
-		mnt = fd_mount(r->di);
+		if (timed(op))
+			delta = clock_stop(CLOCK_SYSCALL, task, id);
+		mnt = fd_mount(task, r->di);
 		break;
 	case OP_OPEN:
 		tp_open_exit(id, r, ret);
@@ -156,7 +127,7 @@ int BPF_PROG(tp_sys_exit, struct pt_regs *regs, long ret)
 		}
 	}
 	if (mnt >= 0)
-		account(mnt, 0, op, ret, delta);
+		account_in(task, mnt, 0, op, ret, delta);
 	return 0;
 }
 

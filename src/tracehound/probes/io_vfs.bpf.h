@@ -2,8 +2,15 @@
  * Included by io.bpf.c; shares its maps and helpers.
  *
  * Data operations see the struct file and so the exact mount. Namespace
- * operations (mkdir, unlink, rmdir, rename) only see a dentry: they are keyed
- * by the super block's device number and userspace maps it to a mount. */
+ * operations (mkdir, unlink, rmdir, rename) only see a directory or dentry:
+ * they are keyed by the super block's device number and userspace maps it to
+ * a mount.
+ *
+ * fexit sees the arguments as well as the return value, so in fentry mode
+ * everything is counted at exit; fentry only starts the clock of the calls
+ * whose latency is measured, and is not attached for the others. A
+ * kretprobe sees only the return value: in kprobe mode entry keeps what
+ * exit needs. */
 
 /* int-returning functions may leave the upper half of rax undefined, and
  * vfs_mkdir returns a dentry pointer on newer kernels: accept both shapes. */
@@ -12,40 +19,145 @@ static __always_inline long int_ret(__u64 r)
 	return (r >> 32) == 0 ? (long)(int)r : (long)r;
 }
 
+/* ---- fentry / fexit ----------------------------------------------------- */
+
+static void cancel_call_start(void);
+
+static __always_inline void fx_file(__u32 op, struct file *f, long ret)
+{
+	struct task_struct *task = bpf_get_current_task_btf();
+	__u64 delta = timed(op) ? clock_stop(CLOCK_VFS, task, op) : 0;
+	int mnt = mount_id(file_vfsmount(f));
+
+	if (mnt >= 0)
+		account_in(task, mnt, 0, op, ret, delta);
+}
+
+static __always_inline void fx_sb(__u32 op, struct super_block *sb, long ret)
+{
+	if (!sb || skip_sb(sb))
+		return;
+	account(sb->s_dev, IO_KEY_DEV, op, ret, 0);
+}
+
+#define FE_FILE(fn, op)							\
+SEC("fentry/" #fn) int BPF_PROG(fe_##fn, struct file *f)		\
+{ clock_start(CLOCK_VFS, op); return 0; }
+
+FE_FILE(vfs_read, OP_READ)
+FE_FILE(vfs_readv, OP_READ)
+FE_FILE(vfs_write, OP_WRITE)
+FE_FILE(vfs_writev, OP_WRITE)
+FE_FILE(vfs_fsync_range, OP_FSYNC)
+
+SEC("fexit/vfs_read") int BPF_PROG(fx_vfs_read, struct file *f, char *b, unsigned long n, void *p, long ret)
+{ fx_file(OP_READ, f, ret); return 0; }
+SEC("fexit/vfs_write") int BPF_PROG(fx_vfs_write, struct file *f, char *b, unsigned long n, void *p, long ret)
+{ fx_file(OP_WRITE, f, ret); return 0; }
+SEC("fexit/vfs_readv") int BPF_PROG(fx_vfs_readv, struct file *f, void *v, unsigned long n, void *p,
+				    int fl, long ret)
+{ fx_file(OP_READ, f, ret); return 0; }
+SEC("fexit/vfs_writev") int BPF_PROG(fx_vfs_writev, struct file *f, void *v, unsigned long n, void *p,
+				     int fl, long ret)
+{ fx_file(OP_WRITE, f, ret); return 0; }
+SEC("fexit/vfs_fsync_range") int BPF_PROG(fx_vfs_fsync_range, struct file *f, long s, long e, int d,
+					  int ret)
+{
+	/* counted here: the fdatasync trace event's start is not needed */
+	cancel_call_start();
+	fx_file(OP_FSYNC, f, ret);
+	return 0;
+}
+
+SEC("fexit/vfs_open") int BPF_PROG(fx_vfs_open, const struct path *p, struct file *f, int ret)
+{
+	int mnt = mount_id(p->mnt);
+
+	if (mnt < 0)
+		return 0;
+	account(mnt, 0, OP_OPEN, ret, 0);
+	/* created means the file did not exist before */
+	if (ret == 0 && (f->f_mode & FMODE_CREATED))
+		account(mnt, 0, OP_CREATE, ret, 0);
+	return 0;
+}
+
+/* The directory's super block: the dentry may already be released when
+ * vfs_mkdir returns (newer kernels), the directory never is. */
+SEC("fexit/vfs_unlink") int BPF_PROG(fx_vfs_unlink, void *ns, struct inode *dir, struct dentry *d,
+				     void *deleg, int ret)
+{ fx_sb(OP_UNLINK, dir->i_sb, ret); return 0; }
+SEC("fexit/vfs_mkdir") int BPF_PROG(fx_vfs_mkdir, void *ns, struct inode *dir, struct dentry *d,
+				    unsigned short mode, __u64 ret)
+{ fx_sb(OP_MKDIR, dir->i_sb, int_ret(ret)); return 0; }
+SEC("fexit/vfs_rmdir") int BPF_PROG(fx_vfs_rmdir, void *ns, struct inode *dir, struct dentry *d, int ret)
+{ fx_sb(OP_RMDIR, dir->i_sb, ret); return 0; }
+SEC("fexit/vfs_rename") int BPF_PROG(fx_vfs_rename, struct renamedata *rd, int ret)
+{ fx_sb(OP_RENAME, rd->old_dentry->d_sb, ret); return 0; }
+
+/* ---- kprobe / kretprobe, and the fdatasync trace events ----------------- */
+
+/* A call in flight on a thread; op == OP_MAX: none. */
+struct start {
+	__u64 ts;      /* 0: latency not measured */
+	__u32 mnt;
+	__u32 flags;   /* IO_KEY_* */
+	__u32 op;
+	__u32 pad;
+	__u64 file;    /* vfs_open: the struct file being opened */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct start);
+} call_start SEC(".maps");
+
 static __always_inline void save_start(__u32 op, long mnt, __u32 flags, struct file *file)
 {
-	__u32 tid = (__u32)bpf_get_current_pid_tgid();
-	struct start s = {
-		.ts = bpf_ktime_get_ns(), .mnt = mnt, .flags = flags, .op = op, .file = (__u64)file,
-	};
+	struct start *s;
 
 	if (mnt < 0)
 		return;
-	if (bpf_map_update_elem(&io_start, &tid, &s, BPF_ANY))
+	s = bpf_task_storage_get(&call_start, bpf_get_current_task_btf(), 0,
+				 BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (!s) {
 		health_inc(HEALTH_START_FULL);
+		return;
+	}
+	s->ts = timed(op) ? bpf_ktime_get_ns() : 0;
+	s->mnt = mnt;
+	s->flags = flags;
+	s->op = op;
+	s->file = (__u64)file;
+}
+
+static void cancel_call_start(void)
+{
+	struct start *s = bpf_task_storage_get(&call_start, bpf_get_current_task_btf(), 0, 0);
+
+	if (s)
+		s->op = OP_MAX;
 }
 
 /* Finish the call started on this thread. A call that began before the probe
  * was attached has no start and is not counted. */
 static __always_inline int finish(long ret)
 {
-	__u32 tid = (__u32)bpf_get_current_pid_tgid();
-	struct start *s = bpf_map_lookup_elem(&io_start, &tid);
+	struct start *s = bpf_task_storage_get(&call_start, bpf_get_current_task_btf(), 0, 0);
 	struct file *file;
 	__u32 mnt, flags, op;
-	bool created;
 	__u64 delta;
 
-	if (!s)
+	if (!s || s->op >= OP_MAX)
 		return 0;
-	delta = bpf_ktime_get_ns() - s->ts;
+	delta = s->ts ? bpf_ktime_get_ns() - s->ts : 0;
 	mnt = s->mnt; flags = s->flags; op = s->op;
 	file = (struct file *)s->file;
-	bpf_map_delete_elem(&io_start, &tid);
+	s->op = OP_MAX;
 	account(mnt, flags, op, ret, delta);
-	/* vfs_open: created means the file did not exist before */
-	created = file && ret == 0 && (BPF_CORE_READ(file, f_mode) & FMODE_CREATED);
-	if (created)
+	if (file && ret == 0 && (BPF_CORE_READ(file, f_mode) & FMODE_CREATED))
 		account(mnt, flags, OP_CREATE, ret, delta);
 	return 0;
 }
@@ -63,86 +175,26 @@ static __always_inline void file_start(__u32 op, struct file *f)
 {
 	if (!f)
 		return;
-	save_start(op, mount_id(BPF_CORE_READ(f, f_path.mnt)), 0, 0);
+	save_start(op, mount_id(file_vfsmount(f)), 0, 0);
 }
 
-static __always_inline void open_start(const struct path *p, struct file *f)
-{
-	save_start(OP_OPEN, mount_id(BPF_CORE_READ(p, mnt)), 0, f);
-}
-
-/* ---- fdatasync, for both VFS modes --------------------------------------
- * A kernel may inline the whole fdatasync path into the syscall (Debian's 6.1
+/* A kernel may inline the whole fdatasync path into the syscall (Debian's 6.1
  * does: the datasync=1 specialisation of do_fsync absorbs vfs_fsync_range),
  * and then no VFS hook sees the call. The syscall's own trace events fire for
  * this one syscall only, so they cost nothing elsewhere. Enter opens a start
- * like the VFS hooks do; where vfs_fsync_range is still called, its hooks
- * replace and finish that start, and exit finds nothing left to count. */
+ * like the kprobes do; where vfs_fsync_range is still called, its hooks
+ * replace (kprobe) or cancel (fexit) that start, and exit finds nothing left
+ * to count. */
 
 struct sys_enter_ctx { __u64 common; int nr; unsigned long args[6]; };
 struct sys_exit_ctx { __u64 common; int nr; long ret; };
 
 SEC("tracepoint/syscalls/sys_enter_fdatasync")
 int sc_enter_fdatasync(struct sys_enter_ctx *ctx)
-{ file_start(OP_FSYNC, fd_file(ctx->args[0])); return 0; }
+{ file_start(OP_FSYNC, fd_file(bpf_get_current_task_btf(), ctx->args[0])); return 0; }
 SEC("tracepoint/syscalls/sys_exit_fdatasync")
 int sc_exit_fdatasync(struct sys_exit_ctx *ctx)
 { return finish(ctx->ret); }
-
-/* ---- fentry / fexit ----------------------------------------------------- */
-
-#define FE_FILE(fn, op)							\
-SEC("fentry/" #fn) int BPF_PROG(fe_##fn, struct file *f)		\
-{ file_start(op, f); return 0; }
-
-FE_FILE(vfs_read, OP_READ)
-FE_FILE(vfs_readv, OP_READ)
-FE_FILE(vfs_write, OP_WRITE)
-FE_FILE(vfs_writev, OP_WRITE)
-FE_FILE(vfs_fsync_range, OP_FSYNC)
-
-SEC("fexit/vfs_read") int BPF_PROG(fx_vfs_read, struct file *f, char *b, unsigned long n, void *p, long ret)
-{ return finish(ret); }
-SEC("fexit/vfs_write") int BPF_PROG(fx_vfs_write, struct file *f, char *b, unsigned long n, void *p, long ret)
-{ return finish(ret); }
-SEC("fexit/vfs_readv") int BPF_PROG(fx_vfs_readv, struct file *f, void *v, unsigned long n, void *p,
-				    int fl, long ret)
-{ return finish(ret); }
-SEC("fexit/vfs_writev") int BPF_PROG(fx_vfs_writev, struct file *f, void *v, unsigned long n, void *p,
-				     int fl, long ret)
-{ return finish(ret); }
-SEC("fexit/vfs_fsync_range") int BPF_PROG(fx_vfs_fsync_range, struct file *f, long s, long e, int d,
-					  int ret)
-{ return finish(ret); }
-
-SEC("fentry/vfs_open") int BPF_PROG(fe_vfs_open, const struct path *p, struct file *f)
-{ open_start(p, f); return 0; }
-SEC("fexit/vfs_open") int BPF_PROG(fx_vfs_open, const struct path *p, struct file *f, int ret)
-{ return finish(ret); }
-
-SEC("fentry/vfs_unlink") int BPF_PROG(fe_vfs_unlink, void *ns, struct inode *dir, struct dentry *d)
-{ dentry_start(OP_UNLINK, d); return 0; }
-SEC("fexit/vfs_unlink") int BPF_PROG(fx_vfs_unlink, void *ns, struct inode *dir, struct dentry *d,
-				     void *deleg, int ret)
-{ return finish(ret); }
-
-SEC("fentry/vfs_mkdir") int BPF_PROG(fe_vfs_mkdir, void *ns, struct inode *dir, struct dentry *d)
-{ dentry_start(OP_MKDIR, d); return 0; }
-SEC("fexit/vfs_mkdir") int BPF_PROG(fx_vfs_mkdir, void *ns, struct inode *dir, struct dentry *d,
-				    unsigned short mode, __u64 ret)
-{ return finish(int_ret(ret)); }
-
-SEC("fentry/vfs_rmdir") int BPF_PROG(fe_vfs_rmdir, void *ns, struct inode *dir, struct dentry *d)
-{ dentry_start(OP_RMDIR, d); return 0; }
-SEC("fexit/vfs_rmdir") int BPF_PROG(fx_vfs_rmdir, void *ns, struct inode *dir, struct dentry *d, int ret)
-{ return finish(ret); }
-
-SEC("fentry/vfs_rename") int BPF_PROG(fe_vfs_rename, struct renamedata *rd)
-{ dentry_start(OP_RENAME, BPF_CORE_READ(rd, old_dentry)); return 0; }
-SEC("fexit/vfs_rename") int BPF_PROG(fx_vfs_rename, struct renamedata *rd, int ret)
-{ return finish(ret); }
-
-/* ---- kprobe / kretprobe ------------------------------------------------- */
 
 #define KP_FILE(fn, op)							\
 SEC("kprobe/" #fn) int BPF_KPROBE(kp_##fn, struct file *f)		\
@@ -170,7 +222,7 @@ SEC("kretprobe/vfs_fsync_range") int BPF_KRETPROBE(kr_vfs_fsync_range, __u64 ret
 { return finish(int_ret(ret)); }
 
 SEC("kprobe/vfs_open") int BPF_KPROBE(kp_vfs_open, const struct path *p, struct file *f)
-{ open_start(p, f); return 0; }
+{ save_start(OP_OPEN, mount_id(BPF_CORE_READ(p, mnt)), 0, f); return 0; }
 SEC("kretprobe/vfs_open") int BPF_KRETPROBE(kr_vfs_open, __u64 ret)
 { return finish(int_ret(ret)); }
 

@@ -80,13 +80,34 @@ struct nsproxy {
 	struct mnt_namespace *mnt_ns;
 } PRESERVE;
 
+struct kernfs_node {
+	__u64 id;
+} PRESERVE;
+
+struct cgroup {
+	struct kernfs_node *kn;
+} PRESERVE;
+
+struct css_set {
+	struct cgroup *dfl_cgrp;
+} PRESERVE;
+
 struct task_struct {
+	struct css_set *cgroups;
 	struct files_struct *files;
 	struct fs_struct *fs;
 	struct nsproxy *nsproxy;
 } PRESERVE;
 
-struct inode;
+struct inode {
+	struct super_block *i_sb;
+} PRESERVE;
+
+/* Any kernel struct whose member is a struct file pointer: the loader views
+ * a slot of the fd array through it (see fd_file). */
+struct kiocb {
+	struct file *ki_filp;
+} PRESERVE;
 
 struct renamedata {
 	struct dentry *old_dentry;

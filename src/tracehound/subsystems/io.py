@@ -17,14 +17,17 @@ class IoSubsystem(Subsystem):
     def __init__(self, ctx):
         super().__init__(ctx)
         c = ctx.config
-        self.probe = IoProbe(IoProbeConfig(c.hook_mode, c.skip_fstypes, c.max_entries), ctx.mounts)
+        timed = frozenset(p.removeprefix("io.") for p in c.latency)
+        self.probe = IoProbe(IoProbeConfig(c.hook_mode, c.skip_fstypes, c.max_entries, timed),
+                             ctx.mounts)
         self.collector: IoCollector | None = None
 
     def start(self) -> None:
         self.probe.start()
         c = self.ctx.config
         self.collector = IoCollector(self.probe, self.ctx.mounts, self.ctx.owners,
-                                     c.max_series, c.latency_histograms)
+                                     c.max_series, c.latency_histograms,
+                                     self.probe.config.latency)
 
     def close(self) -> None:
         self.probe.close()

@@ -1,0 +1,91 @@
+/* Clocks of the I/O probe's timed calls, for the syscall hooks and fentry.
+ * Included by io.bpf.c; uses its health counters.
+ *
+ * The start of the timed call in flight on each CPU: a per-CPU slot, read
+ * and written without a helper call. When a task is switched out in the
+ * middle of a call (tp_sched_switch), the slot's start moves to that task's
+ * own storage and the slot is emptied, so a slot in use always belongs to
+ * the task running on its CPU; exit looks in the task's storage when the
+ * slot is empty. One slot for the syscall hooks, one for fentry. */
+enum clock_user { CLOCK_SYSCALL = 0, CLOCK_VFS, CLOCKS };
+
+struct clock {
+	__u64 ts;      /* 0: no call in flight */
+	long id;       /* syscall number, or op for VFS calls */
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, CLOCKS);
+	__type(key, __u32);
+	__type(value, struct clock);
+} clocks SEC(".maps");
+
+struct moved_clocks {
+	struct clock c[CLOCKS];
+};
+
+struct {
+	__uint(type, BPF_MAP_TYPE_TASK_STORAGE);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, int);
+	__type(value, struct moved_clocks);
+} moved_clocks SEC(".maps");
+
+static __always_inline void clock_start(__u32 user, long id)
+{
+	struct clock *c = bpf_map_lookup_elem(&clocks, &user);
+
+	if (!c)
+		return;
+	c->ts = bpf_ktime_get_ns();
+	c->id = id;
+}
+
+/* ns since this call's clock_start, or 0 when it has none (it began before
+ * the probe was attached) */
+static __always_inline __u64 clock_stop(__u32 user, struct task_struct *task, long id)
+{
+	struct clock *c = bpf_map_lookup_elem(&clocks, &user);
+	struct moved_clocks *moved;
+	__u64 ts = 0;
+
+	if (!c || user >= CLOCKS)
+		return 0;
+	if (c->ts) {
+		if (c->id == id)
+			ts = c->ts;
+		c->ts = 0;
+	} else {
+		moved = bpf_task_storage_get(&moved_clocks, task, 0, 0);
+		if (moved && moved->c[user].ts && moved->c[user].id == id) {
+			ts = moved->c[user].ts;
+			moved->c[user].ts = 0;
+		}
+	}
+	return ts ? bpf_ktime_get_ns() - ts : 0;
+}
+
+static __always_inline void move_clock(__u32 user, struct task_struct *prev)
+{
+	struct clock *c = bpf_map_lookup_elem(&clocks, &user);
+	struct moved_clocks *moved;
+
+	if (!c || !c->ts || user >= CLOCKS)
+		return;
+	moved = bpf_task_storage_get(&moved_clocks, prev, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
+	if (moved)
+		moved->c[user] = *c;
+	else
+		health_inc(HEALTH_START_FULL);
+	c->ts = 0;
+}
+
+/* Attached whenever some call is timed in syscall or fentry mode. */
+SEC("tp_btf/sched_switch")
+int BPF_PROG(tp_sched_switch, bool preempt, struct task_struct *prev, struct task_struct *next)
+{
+	move_clock(CLOCK_SYSCALL, prev);
+	move_clock(CLOCK_VFS, prev);
+	return 0;
+}
