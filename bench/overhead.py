@@ -1,301 +1,174 @@
 #!/usr/bin/env python3
-"""Overhead of the tracehound agent on the cheapest I/O there is: 4 KiB random
-reads from the page cache (tmpfs), next to no tracing and to an equivalent
-bpftrace script. Run as root:  python bench/overhead.py [--quick]
+"""Overhead of the tracehound agent on page-cache I/O (tmpfs): 4 KiB random
+reads, the cheapest I/O syscall there is, and sequential 1 MiB reads and
+writes, the checkpoint / data-loader pattern. Next to no tracing, to empty
+hooks (the floor of any syscall-level probe) and to an equivalent bpftrace
+script. Run as root:  python bench/overhead.py [--quick]
 
 Two phases:
-  throughput  fio IOPS per condition, conditions interleaved over rounds so
-              drift and neighbours' noise hit every condition alike; BPF run
-              statistics are off (they cost time themselves)
-  cost        one run per tool with kernel.bpf_stats_enabled=1: run_time_ns
-              and run_cnt of the tool's own programs, delta over a fio run
+  throughput  fio per workload and condition, conditions interleaved over
+              rounds so drift and neighbours' noise hit every condition
+              alike; BPF run statistics are off (they cost time themselves)
+  cost        one run per tool and workload with BPF run-time statistics on:
+              run_time_ns and run_cnt of the tool's own programs, delta over
+              each fio run
 """
 from __future__ import annotations
 
 import argparse
-import datetime as dt
-import json
 import os
-import platform
-import queue
 import re
 import shutil
 import signal
-import statistics
 import subprocess
 import sys
 import tempfile
-import threading
-import time
 import urllib.request
 from pathlib import Path
 
-from overhead_report import CONDITIONS, write_reports
+from overhead_report import CONDITIONS, WORKLOADS, write_reports
+from overhead_tools import (REPO, Tool, agent_has_option, enable_stats, facts, fio_cmd, log,
+                            mount_id_of, mount_offset, prog_stats, run_fio, stats_delta, summarize,
+                            tree_env)
 
 from tracehound.progress import steps
 
-from tracehound.host.mounts import MountTable
-
 HERE = Path(__file__).resolve().parent
-REPO = HERE.parent
 AGENT = [str(REPO / ".venv/bin/tracehound"), "run", "--listen", "127.0.0.1:0"]
 BT_SCRIPT = HERE / "baseline.bt"
 STATS_SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
-# Two empty tp_btf programs on every syscall: the dispatch floor of the
+# Empty tp_btf programs on every syscall: the dispatch floor of the
 # tracepoint mode, and what bpf_stats reports for doing nothing.
 EMPTY = [str(REPO / ".venv/bin/python"), str(HERE / "empty_hooks.py")]
+LATENCY_OFF = ["--latency", "off"]
+# seconds a round spends outside fio, measured on the reference VM: fio's own
+# start per run, and starting plus stopping each tracer
+FIO_START_S = 0.3
+TOOL_START_S = {"tracehound": 1.8, "tracehound-latoff": 1.8, "empty": 0.8, "empty-exit": 0.8,
+                "bpftrace": 3.5}
 
 
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def sh(cmd: list[str]) -> str:
-    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
-
-
-# ---- programs a process owns -------------------------------------------------
-
-def owned_prog_ids(pid: int) -> set[int]:
-    """BPF programs held by a process, through its prog and link fds. Diffing
-    the global program list would also catch whatever else loads BPF on the
-    machine meanwhile (tests, other agents)."""
-    ids = set()
-    fd_dir = Path(f"/proc/{pid}/fd")
-    for fd in os.listdir(fd_dir):
-        try:
-            target = os.readlink(fd_dir / fd)
-            if "bpf-prog" not in target and "bpf_link" not in target:
-                continue
-            m = re.search(r"^prog_id:\s*(\d+)", Path(f"/proc/{pid}/fdinfo/{fd}").read_text(), re.M)
-        except OSError:
-            continue
-        if m:
-            ids.add(int(m.group(1)))
-    return ids
-
-
-def prog_stats(ids: set[int]) -> dict[int, dict]:
-    progs = json.loads(sh(["bpftool", "prog", "show", "-j"]))
-    return {p["id"]: {"name": p.get("name", "?"), "type": p.get("type", "?"),
-                      "run_time_ns": p.get("run_time_ns", 0), "run_cnt": p.get("run_cnt", 0)}
-            for p in progs if p["id"] in ids}
-
-
-# ---- tools under test --------------------------------------------------------
-
-class Tool:
-    """A tracer running in the background; output is drained by a thread so
-    a full pipe never stalls it."""
-
-    def __init__(self, name: str, cmd: list[str], ready: str, stop_sig: int):
-        self.name, self.cmd, self.ready, self.stop_sig = name, cmd, ready, stop_sig
-        self.lines: list[str] = []
-        self.q: queue.Queue = queue.Queue()
-        self.proc: subprocess.Popen | None = None
-        self.prog_ids: set[int] = set()
-
-    def _drain(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-            self.q.put(line)
-        self.q.put(None)
-
-    def start(self, timeout: float = 60) -> None:
-        self.lines = []
-        self.q = queue.Queue()
-        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, start_new_session=True)
-        self.drainer = threading.Thread(target=self._drain, daemon=True)
-        self.drainer.start()
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                line = self.q.get(timeout=max(0.1, deadline - time.monotonic()))
-            except queue.Empty:
-                line = None
-            if line is None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"{self.name} did not get ready:\n" + "\n".join(self.lines[-20:]))
-            if re.search(self.ready, line):
-                break
-        # "ready" is printed before or while attaching: wait until the set of
-        # programs it holds stops changing
-        last, stable_since = set(), time.monotonic()
-        while time.monotonic() < deadline:
-            ids = owned_prog_ids(self.proc.pid)
-            if ids != last:
-                last, stable_since = ids, time.monotonic()
-            elif ids and time.monotonic() - stable_since > 0.7:
-                break
-            time.sleep(0.1)
-        if not last:
-            self.stop()
-            raise RuntimeError(f"{self.name} holds no BPF programs")
-        self.prog_ids = last
-
-    def check_alive(self) -> None:
-        """A tracer that died mid-run would make its round a baseline round."""
-        if self.proc.poll() is not None:
-            self.drainer.join(timeout=5)
-            raise RuntimeError(f"{self.name} exited ({self.proc.returncode}) during the run:\n"
-                               + "\n".join(self.lines[-20:]))
-
-    def stop(self) -> None:
-        if not self.proc or self.proc.poll() is not None:
-            return
-        try:
-            self.proc.send_signal(self.stop_sig)
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        self.drainer.join(timeout=5)  # bpftrace prints its maps on the way out
-
-    def url(self) -> str | None:
-        for line in self.lines:
-            m = re.search(r"serving metrics on (\S+)", line)
-            if m:
-                return m.group(1)
-        return None
-
-
-def mount_offset() -> int:
-    """Offset of struct vfsmount inside struct mount, from the kernel's BTF."""
-    raw = sh(["bpftool", "btf", "dump", "file", "/sys/kernel/btf/vmlinux", "format", "raw"])
-    m = re.search(r"STRUCT 'mount' size=\d+ vlen=\d+\n(?:\t.*\n)*?\t'mnt' type_id=\d+ bits_offset=(\d+)", raw)
-    if not m:
-        raise RuntimeError("struct mount not found in vmlinux BTF")
-    return int(m.group(1)) // 8
-
-
-def mount_id_of(path: str) -> int:
-    for m in MountTable().mounts:
-        if m.mountpoint == path:
-            return m.mnt_id
-    raise RuntimeError(f"{path} is not a mount point")
-
-
-# ---- fio ---------------------------------------------------------------------
-
-def fio_cmd(args, path: str) -> list[str]:
-    cmd = ["fio", "--name=randread", f"--filename={path}", f"--size={args.size_mib}M",
-           "--rw=randread", "--bs=4k", "--ioengine=psync", "--numjobs=1", "--time_based",
-           f"--runtime={args.runtime}", "--norandommap", "--invalidate=0",
-           "--output-format=json"]
-    if args.cpu is not None:
-        cmd.append(f"--cpus_allowed={args.cpu}")
-    return cmd
-
-
-def run_fio(cmd: list[str]) -> dict:
-    job = json.loads(sh(cmd))["jobs"][0]
-    return {"iops": job["read"]["iops"], "total_ios": job["read"]["total_ios"],
-            "runtime_ms": job["read"]["runtime"], "usr_cpu": job["usr_cpu"], "sys_cpu": job["sys_cpu"]}
+def stats_sysctl_on() -> bool:
+    return STATS_SYSCTL.read_text().strip() != "0"
 
 
 # ---- phases ------------------------------------------------------------------
 
-def throughput(args, tools: dict[str, Tool | None], fio: list[str]) -> dict:
-    iops = {c: [] for c in CONDITIONS}
-    with steps(args.rounds * len(CONDITIONS), "throughput") as bar:
+def throughput(args, conds: list[str], tools: dict[str, Tool | None],
+               fio: dict[str, list[str]]) -> tuple[dict, int]:
+    """Per workload, the summary of every condition's rounds; and in how many
+    fio runs kernel.bpf_stats_enabled was on, which slows the BPF conditions.
+    Left as it is, only noted: other tools on the machine may rely on it."""
+    wls = list(fio)
+    iops = {w: {c: [] for c in conds} for w in wls}
+    stats_on = 0
+    with steps(args.rounds * len(conds), "throughput") as bar:
         for r in range(args.rounds):
-            # rotate the order each round so no condition always runs first
-            k = r % len(CONDITIONS)
-            for cond in CONDITIONS[k:] + CONDITIONS[:k]:
+            # rotate the order each round so no condition always runs first,
+            # and no workload always runs right after a tracer started
+            k = r % len(conds)
+            order = wls[r % len(wls):] + wls[:r % len(wls)]
+            for cond in conds[k:] + conds[:k]:
                 tool = tools[cond]
                 if tool:
                     tool.start()
                 try:
-                    res = run_fio(fio)
-                    if tool:
-                        tool.check_alive()
+                    for w in order:
+                        on = stats_sysctl_on()
+                        res = run_fio(fio[w], WORKLOADS[w]["dir"])
+                        if tool:
+                            tool.check_alive()
+                        iops[w][cond].append(res["iops"])
+                        stats_on += on or stats_sysctl_on()
                 finally:
                     if tool:
                         tool.stop()
-                iops[cond].append(res["iops"])
-                bar.advance(f"round {r + 1}/{args.rounds} {cond:<10} {res['iops']:>10.0f} IOPS")
-    base = statistics.median(iops["baseline"])
-    out = {}
-    for cond, v in iops.items():
-        med = statistics.median(v)
-        # paired per-round ratios: each round's tool run next to that round's baseline
-        paired = [t / b for t, b in zip(v, iops["baseline"])]
-        out[cond] = {"iops": v, "median": med, "min": min(v), "max": max(v),
-                     "loss_pct": (1 - med / base) * 100,
-                     "loss_pct_paired": (1 - statistics.median(paired)) * 100,
-                     "added_ns_per_io": 1e9 / med - 1e9 / base}
-    return out
+                bar.advance(f"round {r + 1}/{args.rounds} {cond:<17} " +
+                            " ".join(f"{w} {iops[w][cond][-1]:,.0f}" for w in wls))
+    return {w: summarize(iops[w]) for w in wls}, stats_on
 
 
-def cost(tool: Tool, fio: list[str], tmp: str, mnt_id: int) -> dict:
+def cost(tool: Tool, fio: dict[str, list[str]], tmp: str, mnt_id: int) -> dict:
+    """One fresh start of the tool, every workload under it, run statistics
+    around each fio run only."""
+    per, done = {}, {"read": 0, "write": 0}
     tool.start()
     try:
-        before = prog_stats(tool.prog_ids)
-        res = run_fio(fio)
-        after = prog_stats(tool.prog_ids)
-        tool.check_alive()
-        seen = counted_reads(tool, tmp)
+        for w, cmd in fio.items():
+            d = WORKLOADS[w]["dir"]
+            before = prog_stats(tool.prog_ids)
+            res = run_fio(cmd, d)
+            after = prog_stats(tool.prog_ids)
+            tool.check_alive()
+            progs = stats_delta(before, after)
+            total = sum(p["run_time_ns"] for p in progs)
+            per[w] = {"fio": res, "programs": progs, "total_run_time_ns": total,
+                      "program_runs": sum(p["run_cnt"] for p in progs),
+                      "ns_per_io": total / res["total_ios"]}
+            if per[w]["program_runs"] < res["total_ios"]:
+                raise RuntimeError(f"{tool.name}: {per[w]['program_runs']} program runs for "
+                                   f"{res['total_ios']} I/Os in {w}: BPF stats were not counting")
+            done[d] += res["total_ios"]
+        counted = agent_counts(tool, tmp)
     finally:
         tool.stop()
     if tool.name == "bpftrace":
-        seen = sum(int(n) for _cg, m, n in re.findall(r"^@calls\[(\d+), (\d+), 0\]: (\d+)",
-                   "\n".join(tool.lines), re.M) if int(m) == mnt_id)
-    progs = []
-    for pid, a in sorted(after.items()):
-        b = before.get(pid, a)
-        t, n = a["run_time_ns"] - b["run_time_ns"], a["run_cnt"] - b["run_cnt"]
-        progs.append({"id": pid, "name": a["name"], "type": a["type"], "run_time_ns": t,
-                      "run_cnt": n, "ns_per_run": t / n if n else None})
-    total = sum(p["run_time_ns"] for p in progs)
-    return {"fio": res, "programs": progs, "total_run_time_ns": total,
-            "program_runs": sum(p["run_cnt"] for p in progs),
-            "ns_per_io": total / res["total_ios"], "reads_counted": seen,
-            "coverage_pct": 100 * seen / res["total_ios"] if seen is not None else None}
+        counted = {d: sum(int(n) for m, n in re.findall(rf"^@calls\[\d+, (\d+), {op}\]: (\d+)",
+                                                         "\n".join(tool.lines), re.M) if int(m) == mnt_id)
+                   for op, d in enumerate(("read", "write"))}
+    return {"programs": len(tool.prog_ids), "workloads": per, "fio_ios": done, "counted": counted}
 
 
-def counted_reads(tool: Tool, mountpoint: str) -> int | None:
-    """Reads the agent attributed to the benchmark mount: proof that the
-    measured configuration really accounted fio's I/O."""
-    if tool.name != "tracehound" or not tool.url():
+def agent_counts(tool: Tool, mountpoint: str) -> dict | None:
+    """Reads and writes the agent attributed to the benchmark mount: proof
+    that the measured configuration really accounted fio's I/O."""
+    if not tool.name.startswith("tracehound") or not tool.url():
         return None
     text = urllib.request.urlopen(tool.url(), timeout=10).read().decode()
-    total = None
+    out = {"read": 0, "write": 0}
     for line in text.splitlines():
-        if re.match(r"tracehound_io_read_(requests|calls)_total\{", line) and \
-                f'mountpoint="{mountpoint}"' in line:
-            total = (total or 0) + int(float(line.rsplit(" ", 1)[1]))
-    return total
+        m = re.match(r"tracehound_io_(read|write)_(?:requests|calls)_total\{", line)
+        if m and f'mountpoint="{mountpoint}"' in line:
+            out[m.group(1)] += int(float(line.rsplit(" ", 1)[1]))
+    return out
 
 
-def facts() -> dict:
-    cpu = re.search(r"model name\s*:\s*(.*)", Path("/proc/cpuinfo").read_text())
-    dirty = subprocess.run(["git", "-C", str(REPO), "status", "--porcelain", "src"],
-                           capture_output=True, text=True).stdout.strip()
-    return {"date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-            "kernel": platform.release(), "cpu": cpu.group(1) if cpu else "?",
-            "nproc": os.cpu_count(), "fio": sh(["fio", "--version"]).strip(),
-            "bpftrace": sh(["bpftrace", "--version"]).strip(),
-            "bpftool": sh(["bpftool", "version"]).splitlines()[0],
-            "tracehound_commit": sh(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"]).strip()
-            + (" + uncommitted changes in src/" if dirty else ""),
-            "loadavg_start": Path("/proc/loadavg").read_text().split()[:3]}
+def lay_out(path: str, size_mib: int, random: bool) -> None:
+    # the write workload's file exists at full size before the first round,
+    # so every round overwrites pages in place instead of allocating them
+    with open(path, "wb") as fh:
+        for _ in range(size_mib):
+            fh.write(os.urandom(1 << 20) if random else bytes(1 << 20))
+
+
+def estimate_s(args, conds: list[str], wls: list[str]) -> float:
+    fio_s = sum(args.runtime if w == "randread-4k" else args.seq_runtime for w in wls) \
+        + FIO_START_S * len(wls)
+    starts = sum(TOOL_START_S.get(c, 0) for c in conds)
+    return args.rounds * (len(conds) * fio_s + starts) + (len(conds) - 1) * fio_s + 2 * starts + 5
 
 
 # ---- main --------------------------------------------------------------------
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="2 rounds of 2 s (smoke test)")
+    ap.add_argument("--quick", action="store_true", help="2 rounds of 2 s and 1 s (smoke test)")
     ap.add_argument("--hook-mode", default="auto", choices=["auto", "fentry", "kprobe", "tracepoint"])
     ap.add_argument("--out", type=Path, default=HERE / "report")
     ap.add_argument("--rounds", type=int, help="interleaved rounds (default 5, quick 2)")
-    ap.add_argument("--runtime", type=int, help="seconds per fio run (default 5, quick 2)")
-    ap.add_argument("--size-mib", type=int, default=256, help="file size on the tmpfs")
+    ap.add_argument("--runtime", type=int, help="seconds per 4 KiB fio run (default 4, quick 2)")
+    ap.add_argument("--seq-runtime", type=int, help="seconds per 1 MiB fio run (default 3, quick 1)")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS),
+                    help=f"comma-separated subset of {','.join(WORKLOADS)} (default: all)")
+    ap.add_argument("--size-mib", type=int, default=256, help="size of each file on the tmpfs")
     ap.add_argument("--cpu", type=int, help="CPU to pin fio to (default: the last one)")
     args = ap.parse_args()
     args.rounds = args.rounds or (2 if args.quick else 5)
-    args.runtime = args.runtime or (2 if args.quick else 5)
+    args.runtime = args.runtime or (2 if args.quick else 4)
+    args.seq_runtime = args.seq_runtime or (1 if args.quick else 3)
+    wls = [w for w in WORKLOADS if w in args.workloads.split(",")]
+    if not wls or set(args.workloads.split(",")) - set(WORKLOADS):
+        sys.exit(f"--workloads: pick from {','.join(WORKLOADS)}")
     if args.cpu is None and (os.cpu_count() or 1) > 1:
         args.cpu = os.cpu_count() - 1  # CPU 0 takes most interrupts and housekeeping
     if os.geteuid() != 0:
@@ -310,70 +183,92 @@ def main() -> int:
     signal.signal(signal.SIGTERM, bail)
     signal.signal(signal.SIGHUP, bail)
 
-    stats_before = STATS_SYSCTL.read_text().strip()
+    latency_off = agent_has_option(AGENT, "--latency")
+    conds = [c for c in CONDITIONS if c != "tracehound-latoff" or latency_off]
+    if not latency_off:
+        log("`tracehound run --help` lists no --latency: the latency-off condition is left out")
+    stats_fd = None
     tmp = tempfile.mkdtemp(prefix="tracehound-bench-")
     tools: dict[str, Tool | None] = {"baseline": None}
     mounted = False
     try:
-        STATS_SYSCTL.write_text("0")
-        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={args.size_mib + 64}m,mode=0700",
+        subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={2 * args.size_mib + 64}m,mode=0700",
                         "tracehound-bench", tmp], check=True)
         mounted = True
-        data = f"{tmp}/data"
-        log(f"laying out {args.size_mib} MiB on tmpfs {tmp}")
-        with open(data, "wb") as fh:
-            for _ in range(args.size_mib):
-                fh.write(os.urandom(1 << 20))
+        files = {"read": f"{tmp}/data", "write": f"{tmp}/wdata"}
+        log(f"laying out {args.size_mib} MiB per file on tmpfs {tmp}")
+        for d in sorted({WORKLOADS[w]["dir"] for w in wls}):
+            lay_out(files[d], args.size_mib, random=d == "read")
         offset = mount_offset()
         bt_cmd = ["bpftrace", "-B", "none", str(BT_SCRIPT), str(offset)]
         agent_cmd = AGENT + ["--hook-mode", args.hook_mode]
-        tools["tracehound"] = Tool("tracehound", agent_cmd, r"serving metrics on", signal.SIGTERM)
+        env = tree_env()
+        tools["tracehound"] = Tool("tracehound", agent_cmd, r"serving metrics on", signal.SIGTERM, env)
+        if latency_off:
+            tools["tracehound-latoff"] = Tool("tracehound-latoff", agent_cmd + LATENCY_OFF,
+                                              r"serving metrics on", signal.SIGTERM, env)
+        tools["empty"] = Tool("empty", EMPTY, r"attached \d+ empty programs", signal.SIGINT, env)
+        tools["empty-exit"] = Tool("empty-exit", EMPTY + ["--exit-only"], r"attached \d+ empty programs",
+                                   signal.SIGINT, env)
         tools["bpftrace"] = Tool("bpftrace", bt_cmd, r"Attaching \d+ probes", signal.SIGINT)
-        tools["empty"] = Tool("empty", EMPTY, r"attached \d+ empty programs", signal.SIGINT)
-        fio = fio_cmd(args, data)
+        fio = {w: fio_cmd(w, WORKLOADS[w], files[WORKLOADS[w]["dir"]], args.size_mib,
+                          args.runtime if w == "randread-4k" else args.seq_runtime, args.cpu)
+               for w in wls}
         machine = facts()
 
-        for name in ("tracehound", "bpftrace"):  # fail early, and show what attached
+        for name in conds[1:]:  # fail early, and show what attached
             t = tools[name]
             t.start()
             t.stop()
             log(f"{name}: {len(t.prog_ids)} BPF programs; " +
-                "; ".join(l.strip() for l in t.lines if re.search(r"probe io\.|Attaching", l)))
-        agent_modes = [re.sub(r"\s+", " ", l.split("tracehound: ")[-1])
-                       for l in tools["tracehound"].lines if "probe io." in l]
-        log(f"throughput: {args.rounds} rounds x {len(CONDITIONS)} conditions x {args.runtime} s")
-        tp = throughput(args, tools, fio)
-        for c in CONDITIONS[1:]:
-            log(f"{c}: median {tp[c]['median']:.0f} IOPS, loss {tp[c]['loss_pct']:.2f} %")
+                "; ".join(l.strip() for l in t.lines if re.search(r"probe io\.|Attaching|attached", l)))
+        agent_modes = {n: [re.sub(r"\s+", " ", l.split("tracehound: ")[-1])
+                           for l in tools[n].lines if "probe io." in l]
+                       for n in conds if n.startswith("tracehound")}
+        log(f"throughput: {args.rounds} rounds x {len(conds)} conditions x {len(wls)} workloads "
+            f"({args.runtime} s at 4 KiB, {args.seq_runtime} s at 1 MiB); whole run about "
+            f"{estimate_s(args, conds, wls) / 60:.0f} min")
+        tp, stats_on = throughput(args, conds, tools, fio)
+        if stats_on:
+            log(f"kernel.bpf_stats_enabled was on during {stats_on} throughput runs")
+        for w in wls:
+            log(f"{w}: " + ", ".join(f"{c} {tp[w][c]['loss_pct']:+.2f} %" for c in conds[1:]) +
+                f" (baseline rounds -{tp[w]['baseline']['noise_down_pct']:.2f}"
+                f"/+{tp[w]['baseline']['noise_up_pct']:.2f} %)")
 
-        log("per-event cost with kernel.bpf_stats_enabled=1")
-        STATS_SYSCTL.write_text("1")
+        log("per-event cost with BPF run-time statistics on")
+        stats_fd = enable_stats()
         mnt_id = mount_id_of(tmp)
         cs = {}
-        for name in ("tracehound", "bpftrace", "empty"):
+        for name in conds[1:]:
             cs[name] = c = cost(tools[name], fio, tmp, mnt_id)
-            log(f"{name}: {c['ns_per_io']:.1f} ns per I/O syscall, {c['program_runs']} runs of "
-                f"{len(c['programs'])} programs" + ("" if c["reads_counted"] is None else
-                f"; counted {c['reads_counted']} of fio's {c['fio']['total_ios']} reads"))
-        STATS_SYSCTL.write_text(stats_before)
+            log(f"{name}: " + ", ".join(f"{w} {c['workloads'][w]['ns_per_io']:.1f}" for w in wls) +
+                " ns per I/O syscall" + ("" if c["counted"] is None else
+                "; counted " + ", ".join(f"{c['counted'][d]} of fio's {n} {d}s"
+                                         for d, n in c["fio_ios"].items() if n)))
+        os.close(stats_fd)
+        stats_fd = None
         machine["loadavg_end"] = Path("/proc/loadavg").read_text().split()[:3]
 
         res = {"settings": {"quick": args.quick, "rounds": args.rounds, "runtime_s": args.runtime,
-                            "size_mib": args.size_mib, "cpu": args.cpu, "hook_mode": args.hook_mode},
+                            "seq_runtime_s": args.seq_runtime, "size_mib": args.size_mib,
+                            "cpu": args.cpu, "hook_mode": args.hook_mode, "workloads": wls,
+                            "conditions": conds, "latency_off": latency_off,
+                            "stats_on_during_throughput": stats_on},
                "machine": machine, "agent_modes": agent_modes,
-               "commands": {"fio": fio, "tracehound": agent_cmd, "bpftrace": bt_cmd,
-                            "empty": tools["empty"].cmd,
-                            "stats": ["sysctl", "-w", "kernel.bpf_stats_enabled=1"]},
+               "commands": {**{f"fio {w}": c for w, c in fio.items()},
+                            **{n: tools[n].cmd for n in conds[1:]}},
                "throughput": tp, "cost": cs}
         for t, m, ok in write_reports(args.out, res):
-            log(f"{'MET ' if ok else 'MISS'} {t}: {m}")
+            log(f"{'n/a ' if ok is None else 'MET ' if ok else 'MISS'} {t}: {m}")
         log(f"report in {args.out}/overhead.md")
         return 0
     finally:
         for t in tools.values():
             if t:
                 t.stop()
-        STATS_SYSCTL.write_text(stats_before)
+        if stats_fd is not None:
+            os.close(stats_fd)
         if mounted:
             subprocess.run(["umount", tmp], check=False)
         try:
@@ -386,7 +281,7 @@ if __name__ == "__main__":
     try:
         sys.exit(main())
     except KeyboardInterrupt as e:
-        log(f"interrupted ({e or 'SIGINT'}); tracers stopped, bpf_stats restored")
+        log(f"interrupted ({e or 'SIGINT'}); tracers stopped, tmpfs unmounted")
         sys.exit(130)
     except (RuntimeError, subprocess.CalledProcessError) as e:
         log(f"failed: {e}")

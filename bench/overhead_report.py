@@ -1,153 +1,296 @@
-"""Markdown, JSON and PNG reports for bench/overhead.py."""
+"""Markdown and JSON reports for bench/overhead.py (the plot is in
+overhead_plot.py)."""
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-# "empty": two programs that do nothing on every syscall's entry and exit,
-# the dispatch floor of any syscall-level probe (bench/empty_hooks.py)
-CONDITIONS = ("baseline", "tracehound", "bpftrace", "empty")
-TOOLS = ("tracehound", "bpftrace")
-TARGET_LOSS_PCT, TARGET_NS = 1.0, 60.0
+CONDITIONS = ("baseline", "tracehound", "tracehound-latoff", "empty", "empty-exit", "bpftrace")
+LABELS = {"baseline": "baseline", "tracehound": "tracehound, latency on",
+          "tracehound-latoff": "tracehound, latency off", "empty": "empty hooks, enter + exit",
+          "empty-exit": "empty hook, exit only", "bpftrace": "bpftrace"}
+# the empty condition whose programs sit on the same hooks as the tool's: its
+# run time per program run is what bpf_stats reports for doing nothing there
+FLOOR_OF = {"tracehound": "empty", "tracehound-latoff": "empty-exit", "bpftrace": "empty"}
+WORKLOADS = {
+    "randread-4k": {"title": "4 KiB random read", "rw": "randread", "bs": "4k", "bytes": 4096,
+                    "dir": "read", "unit": "IOPS"},
+    "read-1m": {"title": "1 MiB sequential read", "rw": "read", "bs": "1M", "bytes": 1 << 20,
+                "dir": "read", "unit": "MiB/s"},
+    "write-1m": {"title": "1 MiB sequential write", "rw": "write", "bs": "1M", "bytes": 1 << 20,
+                 "dir": "write", "unit": "MiB/s"},
+}
+MAIN = "randread-4k"
+TARGET_NET_NS, ON_MARGIN_PCT, OFF_MARGIN_PCT = 60.0, 3.0, 2.0
 
 
-def add_floor(cs: dict) -> float:
-    """Subtract what empty programs cost under bpf_stats (its own clock reads
-    plus the call) from each tool, per program run it made."""
-    e = cs["empty"]
-    floor = e["total_run_time_ns"] / e["program_runs"] if e["program_runs"] else 0.0
-    for t in TOOLS:
-        c = cs[t]
-        c["net_ns_per_io"] = c["ns_per_io"] - floor * c["program_runs"] / c["fio"]["total_ios"]
-    return floor
+def scale(w: str) -> float:
+    """IOPS to the workload's display unit."""
+    return 1.0 if WORKLOADS[w]["unit"] == "IOPS" else WORKLOADS[w]["bytes"] / (1 << 20)
 
 
-def verdicts(tp: dict, cs: dict) -> list[tuple[str, str, bool]]:
-    th, bt = cs["tracehound"], cs["bpftrace"]
-    loss = tp["tracehound"]["loss_pct"]
-    return [
-        (f"throughput loss <= {TARGET_LOSS_PCT:g} %", f"{loss:.2f} %", loss <= TARGET_LOSS_PCT),
-        (f"<= {TARGET_NS:g} ns per event (BPF run time per I/O syscall)",
-         f"{th['ns_per_io']:.1f} ns ({th['net_ns_per_io']:.1f} net of the bpf_stats floor)",
-         th["ns_per_io"] <= TARGET_NS),
-        ("cheaper than bpftrace: BPF run time per I/O syscall",
-         f"{th['ns_per_io']:.1f} vs {bt['ns_per_io']:.1f} ns", th["ns_per_io"] < bt["ns_per_io"]),
-        ("cheaper than bpftrace: throughput loss",
-         f"{loss:.2f} vs {tp['bpftrace']['loss_pct']:.2f} %", loss < tp["bpftrace"]["loss_pct"]),
-    ]
+def add_floors(cs: dict) -> dict:
+    """Per workload, what each empty condition's programs cost per run under
+    bpf_stats (its own clock reads plus the call); each tool's run time is
+    then also given net of it, per program run the tool made."""
+    floors = {}
+    for w in next(iter(cs.values()))["workloads"]:
+        floors[w] = {}
+        for e in ("empty", "empty-exit"):
+            x = cs[e]["workloads"][w]
+            floors[w][e] = x["total_run_time_ns"] / x["program_runs"] if x["program_runs"] else 0.0
+        for t, e in FLOOR_OF.items():
+            if t in cs:
+                x = cs[t]["workloads"][w]
+                x["net_ns_per_io"] = x["ns_per_io"] - floors[w][e] * x["program_runs"] / x["fio"]["total_ios"]
+    return floors
 
 
-def floor_note(tp: dict) -> list[str]:
-    """What the empty condition says about the targets in syscall mode."""
-    e = tp["empty"]
-    return ["## What syscall-level hooks cost before doing anything", "",
-            f"Two empty programs on every syscall's entry and exit (the hooks of the tracepoint "
-            f"mode, nothing in them) already cost **{e['loss_pct']:.2f} %** of this workload's "
-            f"throughput, {e['added_ns_per_io']:.0f} ns per read. "
-            + ("That is above the 1 % target: no syscall-level probe can meet it on this "
-               "kernel, however little it does; only the VFS modes (fentry, kprobe), which "
-               "this kernel refuses, hook just the I/O functions. "
-               if e["loss_pct"] > TARGET_LOSS_PCT else "")
-            + f"tracehound's own work adds "
-            f"{tp['tracehound']['added_ns_per_io'] - e['added_ns_per_io']:.0f} ns per read on top.",
-            ""]
+def noise(b: dict) -> str:
+    return (f"baseline rounds −{b['noise_down_pct']:.2f}/+{b['noise_up_pct']:.2f} % around their "
+            f"median, stdev {b['stdev_pct']:.2f} %")
+
+
+def floor_pct(t: dict) -> str:
+    return f"{t['loss_pct']:.2f} %" + (", taken as 0" if t["loss_pct"] < 0 else "")
+
+
+def verdicts(res: dict) -> list[tuple[str, str, bool | None]]:
+    tp, cs, conds = res["throughput"], res["cost"], res["settings"]["conditions"]
+    off = "tracehound-latoff" in conds
+    no_off = "not measured: `tracehound run` has no `--latency` option in this tree"
+    out = []
+    if MAIN in tp:
+        t, c = tp[MAIN], {k: v["workloads"][MAIN] for k, v in cs.items()}
+        # a floor below zero is noise: no program makes the syscall faster
+        e, x = max(t["empty"]["loss_pct"], 0.0), max(t["empty-exit"]["loss_pct"], 0.0)
+        th, fl = c["tracehound"], res["floors"][MAIN]["empty"]
+        out += [
+            (f"4 KiB: BPF run time per I/O syscall, latency on, net of the empty-hook floor "
+             f"≤ {TARGET_NET_NS:g} ns",
+             f"{th['net_ns_per_io']:.1f} ns ({th['ns_per_io']:.1f} raw − {fl:.1f} ns floor × "
+             f"{th['program_runs'] / th['fio']['total_ios']:.2f} runs per syscall)",
+             th["net_ns_per_io"] <= TARGET_NET_NS),
+            (f"4 KiB: throughput loss, latency on ≤ floor + {ON_MARGIN_PCT:g} %",
+             f"{t['tracehound']['loss_pct']:.2f} % (limit {e + ON_MARGIN_PCT:.2f} %; floor = "
+             f"empty enter + exit, {floor_pct(t['empty'])})", t["tracehound"]["loss_pct"] <= e + ON_MARGIN_PCT)]
+        if off:
+            lo = t["tracehound-latoff"]["loss_pct"]
+            out += [(f"4 KiB: throughput loss, latency off ≤ floor/2 + {OFF_MARGIN_PCT:g} %",
+                     f"{lo:.2f} % (limit {e / 2 + OFF_MARGIN_PCT:.2f} %; floor {floor_pct(t['empty'])})",
+                     lo <= e / 2 + OFF_MARGIN_PCT),
+                    (f"… the same against the measured exit-only floor: ≤ floor(exit) + "
+                     f"{OFF_MARGIN_PCT:g} %",
+                     f"{lo:.2f} % (limit {x + OFF_MARGIN_PCT:.2f} %; exit-only floor "
+                     f"{floor_pct(t['empty-exit'])})",
+                     lo <= x + OFF_MARGIN_PCT)]
+        else:
+            out += [(f"4 KiB: throughput loss, latency off ≤ floor/2 + {OFF_MARGIN_PCT:g} %",
+                     no_off, None)]
+    else:
+        out.append(("4 KiB targets (net run time, losses against the floor, bpftrace)",
+                    f"not measured: `{MAIN}` left out of --workloads", None))
+    for w in ("read-1m", "write-1m"):
+        if w not in tp:
+            continue
+        ths = [k for k in ("tracehound", "tracehound-latoff") if k in conds]
+        out.append((f"{WORKLOADS[w]['title']}: throughput loss within run-to-run noise",
+                    ", ".join(f"{LABELS[k].split(', ')[1]} {tp[w][k]['loss_pct']:.2f} %" for k in ths)
+                    + f"; noise: {noise(tp[w]['baseline'])}",
+                    all(tp[w][k]["within_noise"] for k in ths)))
+    if MAIN in tp:
+        th, bt = cs["tracehound"]["workloads"][MAIN], cs["bpftrace"]["workloads"][MAIN]
+        lt, lb = tp[MAIN]["tracehound"]["loss_pct"], tp[MAIN]["bpftrace"]["loss_pct"]
+        out += [("4 KiB: cheaper than bpftrace, BPF run time per I/O syscall (latency on)",
+                 f"{th['ns_per_io']:.1f} vs {bt['ns_per_io']:.1f} ns", th["ns_per_io"] < bt["ns_per_io"]),
+                ("4 KiB: cheaper than bpftrace, throughput loss (latency on)",
+                 f"{lt:.2f} vs {lb:.2f} %", lt < lb)]
+    return out
+
+
+def floor_note(res: dict) -> list[str]:
+    """What the empty conditions say about the targets in syscall mode."""
+    tp, conds = res["throughput"], res["settings"]["conditions"]
+    L = ["## What syscall-level hooks cost before doing anything", ""]
+    if MAIN in tp:
+        t = tp[MAIN]
+        e, x = t["empty"], t["empty-exit"]
+        L.append(
+            f"Two empty programs on every syscall's entry and exit (the hooks of the tracepoint mode, "
+            f"nothing in them) cost **{e['loss_pct']:.2f} %** of the 4 KiB workload's throughput, "
+            f"{e['added_ns_per_io']:.0f} ns per read; the exit one alone **{x['loss_pct']:.2f} %**, "
+            f"{x['added_ns_per_io']:.0f} ns. No syscall-level probe can go below that on this kernel, "
+            "however little it does (only the VFS modes, fentry and kprobe, hook just the I/O "
+            "functions), so the throughput targets are set above the floor rather than as a fixed "
+            f"percentage. tracehound with latency on adds "
+            f"{t['tracehound']['added_ns_per_io'] - e['added_ns_per_io']:.0f} ns per read on top of "
+            "the two-hook floor" +
+            (f"; with latency off, {t['tracehound-latoff']['added_ns_per_io'] - x['added_ns_per_io']:.0f}"
+             " ns on top of the exit-only floor." if "tracehound-latoff" in conds else "."))
+        L.append("")
+    seq = [w for w in tp if w != MAIN]
+    if seq:
+        cs = res["cost"]
+        L.append("At 1 MiB a call copies a megabyte, so a fixed cost per call shrinks beside it. What "
+                 "the BPF run time per I/O syscall (cost phase) would take of a baseline call: " + "; ".join(
+                     f"{WORKLOADS[w]['title']}, a {1e9 / tp[w]['baseline']['median'] / 1e3:.0f} µs call: " +
+                     ", ".join(f"{LABELS[c]} {expected_pct(res, w, c):.2f} %"
+                               for c in conds if c in cs and not c.startswith("empty"))
+                     for w in seq) +
+                 ". Dispatch adds to that (the 4 KiB floor above); whether a loss of this order can be "
+                 "told from run-to-run noise, the noise line under each table says.")
+        L.append("")
+    return L
+
+
+def expected_pct(res: dict, w: str, c: str) -> float:
+    """Share of a baseline call that the condition's BPF run time is."""
+    return res["cost"][c]["workloads"][w]["ns_per_io"] * res["throughput"][w]["baseline"]["median"] / 1e7
+
+
+def within(t: dict, c: str) -> str:
+    if c == "baseline":
+        return "–"
+    if not t[c]["within_noise"]:
+        return "no"
+    # a gain past the baseline's fastest round is no loss, but a sign that
+    # the rounds did not see the same machine
+    return "yes (median faster than every baseline round)" if -t[c]["loss_pct"] > t["baseline"]["noise_up_pct"] else "yes"
+
+
+def throughput_tables(res: dict) -> list[str]:
+    tp, conds = res["throughput"], res["settings"]["conditions"]
+    L = ["## Throughput (bpf_stats off)", ""]
+    for w, t in tp.items():
+        u, k = WORKLOADS[w]["unit"], scale(w)
+        L += [f"### {WORKLOADS[w]['title']}", "",
+              f"| condition | median {u} | min | max | loss vs baseline | paired loss, median (min … max) "
+              f"| added ns per I/O | within baseline noise |",
+              "|---|---:|---:|---:|---:|---:|---:|---|"]
+        for c in conds:
+            r = t[c]
+            L.append(f"| {LABELS[c]} | {r['median'] * k:,.0f} | {r['min'] * k:,.0f} | {r['max'] * k:,.0f} | "
+                     f"{r['loss_pct']:.2f} % | {r['loss_pct_paired']:.2f} % ({r['loss_pct_paired_min']:.2f} … "
+                     f"{r['loss_pct_paired_max']:.2f}) | {r['added_ns_per_io']:.0f} | "
+                     + within(t, c) + " |")
+        L += ["", f"Noise: {noise(t['baseline'])}.", ""]
+    L += ["*Loss* compares medians; *paired* is each round's condition/baseline ratio (median and "
+          "range over rounds). *Added ns per I/O* is 1/IOPS(condition) − 1/IOPS(baseline): "
+          "everything the condition costs per syscall, hook dispatch included, which BPF run times "
+          "below do not show. *Noise* is how far the baseline's own rounds stray from their median; "
+          "a loss is *within* it when the condition's median is no slower than the slowest baseline "
+          "round (loss ≤ the baseline's downward spread).", ""]
+    return L
+
+
+def cost_tables(res: dict) -> list[str]:
+    cs, floors = res["cost"], res["floors"]
+    conds = [c for c in res["settings"]["conditions"] if c != "baseline"]
+    wls = list(floors)
+    L = ["## Per-event cost (BPF run-time statistics on; per condition one fresh start, every "
+         "workload under it)", "",
+         "| workload | condition | fio I/Os | program runs | runs per I/O | BPF run time | "
+         "ns per I/O syscall | net of floor |", "|---|---|---:|---:|---:|---:|---:|---:|"]
+    for w in wls:
+        for c in conds:
+            x = cs[c]["workloads"][w]
+            n = x["fio"]["total_ios"]
+            net = f"{x['net_ns_per_io']:.1f}" if "net_ns_per_io" in x else "(floor)"
+            L.append(f"| {WORKLOADS[w]['title']} | {LABELS[c]} | {n:,} | {x['program_runs']:,} | "
+                     f"{x['program_runs'] / n:.2f} | {x['total_run_time_ns'] / 1e6:.1f} ms | "
+                     f"{x['ns_per_io']:.1f} | {net} |")
+    L += ["", "| condition | program | type | " + " | ".join(
+        f"{WORKLOADS[w]['title']}: runs | ns per run" for w in wls) + " |",
+        "|---|---|---|" + "---:|---:|" * len(wls)]
+    for c in conds:
+        progs = {}
+        for w in wls:
+            for p in cs[c]["workloads"][w]["programs"]:
+                progs.setdefault((p["id"], p["name"], p["type"]), {})[w] = p
+        idle = 0
+        for (pid, name, typ), per in progs.items():
+            if not any(p["run_cnt"] for p in per.values()):
+                idle += 1
+                continue
+            L.append(f"| {LABELS[c]} | {name} (id {pid}) | {typ} | " + " | ".join(
+                f"{per[w]['run_cnt']:,} | " + (f"{per[w]['ns_per_run']:.1f}" if per[w]["run_cnt"] else "–")
+                for w in wls) + " |")
+        if idle:
+            L.append(f"| {LABELS[c]} | {idle} more (other syscalls) | | " + " | ".join("0 | –" for _ in wls) + " |")
+    L += ["", "| condition | fio reads | reads it counted on the bench mount | fio writes | "
+          "writes it counted |", "|---|---:|---:|---:|---:|"]
+    for c in conds:
+        x = cs[c]
+        if x["counted"] is None:
+            continue
+        cells = []
+        for d in ("read", "write"):
+            n, k = x["fio_ios"][d], x["counted"][d]
+            cells += [f"{n:,}", f"{k:,} ({100 * k / n:.1f} %)" if n else f"{k:,}"]
+        L.append(f"| {LABELS[c]} | " + " | ".join(cells) + " |")
+    L += ["", "*ns per I/O syscall* = run time of all of a condition's programs ÷ fio's I/O count, "
+          "the fair comparison when tools use different numbers of programs per syscall. Programs "
+          "see every process, so other processes' syscalls during the run are charged to fio's I/O "
+          "(a small upward bias, larger at 1 MiB where fio makes fewer calls per second). *Floor*: "
+          "the empty tp_btf programs measure " + "; ".join(
+              f"{WORKLOADS[w]['title']}: " + ", ".join(f"{floors[w][e]:.1f} ns per run ({LABELS[e]})"
+                                                        for e in floors[w]) for w in wls) +
+          " — bpf_stats' own clock reads and the call, not work. *Net of floor* subtracts that per "
+          "program run: the two-hook floor for latency on and bpftrace, the exit-only floor for "
+          "latency off. Runs that were not fio's I/O calls (other processes, fio's other syscalls), "
+          "from the two-hook programs' count: " + ", ".join(
+              f"{WORKLOADS[w]['title']} {other_pct(cs['empty']['workloads'][w]):.1f} %" for w in wls) +
+          "; where this is large the per-I/O figures of that workload are inflated by the rest of "
+          "the machine. The count check: the agent's exported counters after the cost runs, "
+          "bpftrace's `@calls` map at exit.", ""]
+    return L
+
+
+def other_pct(x: dict) -> float:
+    """Share of an enter + exit pair's runs not made by fio's I/O calls."""
+    return 100 * (1 - 2 * x["fio"]["total_ios"] / x["program_runs"]) if x["program_runs"] else 0.0
 
 
 def markdown(res: dict) -> str:
-    f, tp, cs, a = res["machine"], res["throughput"], res["cost"], res["settings"]
-    L = ["# tracehound overhead: 4 KiB random reads from the page cache", "",
+    f, a = res["machine"], res["settings"]
+    conds = a["conditions"]
+    L = ["# tracehound overhead: page-cache reads, sequential 1 MiB reads and writes", "",
          f"{f['date']} on Linux {f['kernel']}, {f['nproc']} × {f['cpu']} (a VM). "
-         f"{a['rounds']} interleaved rounds × {a['runtime_s']} s per condition"
+         f"{a['rounds']} interleaved rounds; per condition and round "
+         f"{a['runtime_s']} s of 4 KiB random reads and {a['seq_runtime_s']} s of each 1 MiB workload"
          f"{' (quick run: smoke test, not a result)' if a['quick'] else ''}; fio pinned to CPU {a['cpu']}; "
-         f"hook mode `{a['hook_mode']}`.", "",
-         "Throughput numbers are **medians of interleaved rounds** (baseline, tracehound, bpftrace, "
-         "empty hooks, order rotated every round), so drift and other work on this 2-vCPU VM hit all "
-         "conditions alike; the spread is min–max over rounds. Both tools start fresh for each "
-         "of their rounds and are idle in userspace during it (nothing scrapes the agent).", "",
-         "## Targets", "", "| target | measured | met |", "|---|---|---|"]
-    L += [f"| {t} | {m} | {'yes' if ok else '**no**'} |" for t, m, ok in res["verdicts"]]
-    L += [""] + floor_note(tp)[:-1]
-    L += ["", "## Throughput (bpf_stats off)", "",
-          "| condition | median IOPS | min | max | loss vs baseline | loss, paired rounds | added ns per read |",
-          "|---|---:|---:|---:|---:|---:|---:|"]
-    for c in CONDITIONS:
-        t = tp[c]
-        L.append(f"| {c} | {t['median']:,.0f} | {t['min']:,.0f} | {t['max']:,.0f} | "
-                 f"{t['loss_pct']:.2f} % | {t['loss_pct_paired']:.2f} % | {t['added_ns_per_io']:.0f} |")
-    L += ["", "*Loss* compares medians; *paired* is the median of each round's tool/baseline "
-          "ratio. *Added ns per read* is 1/IOPS(tool) − 1/IOPS(baseline): everything the tool "
-          "costs per syscall, hook dispatch included, which BPF run times below do not show.", "",
-          "## Per-event cost (bpf_stats on, one dedicated fio run per tool)", "",
-          "| tool | program | type | runs | ns per run |", "|---|---|---|---:|---:|"]
-    for tool in (*TOOLS, "empty"):
-        idle = 0
-        for p in cs[tool]["programs"]:
-            if not p["run_cnt"]:
-                idle += 1
-                continue
-            L.append(f"| {tool} | {p['name']} (id {p['id']}) | {p['type']} | {p['run_cnt']:,} | {p['ns_per_run']:.1f} |")
-        if idle:
-            L.append(f"| {tool} | {idle} more (other syscalls) | | 0 | – |")
-    L += ["", "| tool | fio reads | program runs | BPF run time | ns per I/O syscall | net of floor | "
-          "reads it counted on the bench mount |", "|---|---:|---:|---:|---:|---:|---:|"]
-    for tool in TOOLS:
-        c = cs[tool]
-        cov = (f"{c['reads_counted']:,} ({c['coverage_pct']:.1f} %)"
-               if c["reads_counted"] is not None else "not checked")
-        L.append(f"| {tool} | {c['fio']['total_ios']:,} | {c['program_runs']:,} | "
-                 f"{c['total_run_time_ns'] / 1e6:.1f} ms | {c['ns_per_io']:.1f} | "
-                 f"{c['net_ns_per_io']:.1f} | {cov} |")
-    L += ["", "*ns per I/O syscall* = run time of all of a tool's programs ÷ fio's read count, "
-          "the fair comparison when tools use different numbers of programs per syscall. "
-          "Programs see every process, so other processes' syscalls during the run are charged "
-          "to fio's reads (a small upward bias). "
-          f"*Floor*: two empty tp_btf programs on sys_enter/sys_exit measure "
-          f"{res['floor_ns_per_run']:.1f} ns per run here — bpf_stats' own clock reads and the "
-          "call, not work; *net of floor* subtracts that per program run. The targets are "
-          "judged on the raw number.", "", "## Machine", ""]
-    L += [f"- {k}: {v}" for k, v in f.items()]
+         f"hook mode `{a['hook_mode']}`; files of {a['size_mib']} MiB on a private tmpfs.", "",
+         "Conditions: " + "; ".join(LABELS[c] for c in conds) + "." +
+         ("" if a["latency_off"] else " *tracehound, latency off* is left out: `tracehound run --help` "
+          "lists no `--latency` option in this tree."), "",
+         "Throughput numbers are **medians of interleaved rounds** (conditions in an order rotated "
+         "every round, the workloads of a condition back to back under one start of its tool, their "
+         "order rotated too), so drift and other work on this VM hit all conditions alike; the "
+         "spread is min–max over rounds. Tools are idle in userspace during their rounds (nothing "
+         "scrapes the agent).", ""]
+    if a.get("stats_on_during_throughput"):
+        L += [f"**kernel.bpf_stats_enabled was on during {a['stats_on_during_throughput']} throughput "
+              "runs**: the BPF conditions in those runs paid for its clock reads (the script leaves "
+              "the sysctl alone, since other tools may be using it).", ""]
+    L += ["## Targets", "", "| target | measured | met |", "|---|---|---|"]
+    L += [f"| {t} | {m} | {'n/a' if ok is None else 'yes' if ok else '**no**'} |"
+          for t, m, ok in res["verdicts"]]
+    L += [""] + floor_note(res) + throughput_tables(res) + cost_tables(res)
+    L += ["## Machine", ""] + [f"- {k}: {v}" for k, v in f.items()]
     L += ["", "## Commands", "", "```"]
     L += [" ".join(f"'{w}'" if " " in w else w for w in c) for c in res["commands"].values()]
-    L += ["```", "", "Tracehound reported: " + ("; ".join(res["agent_modes"]) or "no probe modes") + ".", ""]
+    L += ["```", ""]
+    for c, modes in res["agent_modes"].items():
+        L.append(f"{LABELS[c]} reported: " + ("; ".join(modes) or "no probe modes") + ".")
+    L.append("")
     return "\n".join(L)
 
 
-def plot(path: Path, res: dict) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    import matplotlib.ticker
+def write_reports(out: Path, res: dict) -> list[tuple[str, str, bool | None]]:
+    from overhead_plot import plot
 
-    tp, cs = res["throughput"], res["cost"]
-    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(11, 4.5), gridspec_kw={"width_ratios": [3, 2]})
-    med = [tp[c]["median"] for c in CONDITIONS]
-    err = [[m - tp[c]["min"] for m, c in zip(med, CONDITIONS)],
-           [tp[c]["max"] - m for m, c in zip(med, CONDITIONS)]]
-    bars = ax1.bar(CONDITIONS, med, yerr=err, capsize=6, color=["#888", "#2a7", "#c64", "#bbb"])
-    for b, c in zip(bars, CONDITIONS):
-        if c != "baseline":
-            ax1.annotate(f"{-tp[c]['loss_pct']:+.1f} %", (b.get_x() + b.get_width() / 2, b.get_height()),
-                         ha="center", va="bottom", xytext=(0, 12), textcoords="offset points")
-    ax1.set_ylabel("IOPS (median, min–max)")
-    ax1.set_title(f"fio 4 KiB randread, tmpfs, psync ({res['settings']['rounds']} rounds"
-                  f"{', quick' if res['settings']['quick'] else ''})")
-    ax1.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v / 1e3:.0f}k"))
-    ax2.bar(TOOLS, [cs[t]["ns_per_io"] for t in TOOLS], color=["#2a7", "#c64"], label="measured")
-    ax2.bar(TOOLS, [cs[t]["net_ns_per_io"] for t in TOOLS], color="none", edgecolor="k",
-            hatch="//", label="net of bpf_stats floor")
-    ax2.axhline(TARGET_NS, ls="--", color="k", lw=1, label=f"target {TARGET_NS:g} ns")
-    ax2.set_ylabel("BPF run time per I/O syscall (ns)")
-    ax2.set_title("kernel bpf_stats")
-    ax2.legend(fontsize=8)
-    fig.suptitle(f"tracehound overhead — {res['machine']['kernel']}, {res['machine']['date'][:10]}")
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
-
-
-def write_reports(out: Path, res: dict) -> list[tuple[str, str, bool]]:
-    res["floor_ns_per_run"] = add_floor(res["cost"])
-    res["verdicts"] = verdicts(res["throughput"], res["cost"])
+    res["floors"] = add_floors(res["cost"])
+    res["verdicts"] = verdicts(res)
     out.mkdir(parents=True, exist_ok=True)
     (out / "overhead.json").write_text(json.dumps(res, indent=2) + "\n")
     (out / "overhead.md").write_text(markdown(res))
