@@ -165,33 +165,60 @@ static __always_inline bool skip_sb(struct super_block *sb)
 	return bpf_map_lookup_elem(&skip_fstypes, &name) != 0;
 }
 
-/* Mount id of a vfsmount, or -1 when its file system is skipped. */
-static __always_inline int mount_id(struct vfsmount *vfsmnt)
+/* Mount id from what mount_id_* read, or -1 when its file system is
+ * skipped: a remembered decision while the id and device still match. */
+static __always_inline int mount_id_of(__u32 id, __u32 dev, struct super_block *sb)
 {
-	unsigned long mount = (unsigned long)vfsmnt - bpf_core_field_offset(struct mount, mnt);
-	struct super_block *sb;
-	__u64 seen, *slot;
-	__u32 id, dev;
+	__u64 seen = (__u64)dev << 32 | (id & 0x3fffffff) << 2 | MNT_SEEN;
+	__u64 *slot = &mnt_seen[id & (MNT_SLOTS - 1)];
 	bool skip;
 
-	if (!vfsmnt)
-		return -1;
-#ifdef IO_PROBE_READS
-	id = BPF_CORE_READ((struct mount *)mount, mnt_id);
-	sb = BPF_CORE_READ(vfsmnt, mnt_sb);
-	dev = BPF_CORE_READ(sb, s_dev);
-#else
-	id = VIEW(struct mount, mount)->mnt_id;
-	sb = VIEW(struct vfsmount, vfsmnt)->mnt_sb;
-	dev = sb->s_dev;
-#endif
-	seen = (__u64)dev << 32 | (id & 0x3fffffff) << 2 | MNT_SEEN;
-	slot = &mnt_seen[id & (MNT_SLOTS - 1)];
 	if ((*slot & ~(__u64)MNT_SKIPPED) == seen)
 		return *slot & MNT_SKIPPED ? -1 : (int)id;
 	skip = skip_sb(sb);
 	*slot = seen | (skip ? MNT_SKIPPED : 0);
 	return skip ? -1 : (int)id;
+}
+
+static __always_inline unsigned long mount_of(struct vfsmount *vfsmnt)
+{
+	return (unsigned long)vfsmnt - bpf_core_field_offset(struct mount, mnt);
+}
+
+/* Mount id of a vfsmount at any kernel address. */
+static __always_inline int mount_id(struct vfsmount *vfsmnt)
+{
+	struct super_block *sb;
+
+	if (!vfsmnt)
+		return -1;
+#ifdef IO_PROBE_READS
+	sb = BPF_CORE_READ(vfsmnt, mnt_sb);
+	return mount_id_of(BPF_CORE_READ((struct mount *)mount_of(vfsmnt), mnt_id),
+			   BPF_CORE_READ(sb, s_dev), sb);
+#else
+	sb = VIEW(struct vfsmount, vfsmnt)->mnt_sb;
+	return mount_id_of(VIEW(struct mount, mount_of(vfsmnt))->mnt_id, sb->s_dev, sb);
+#endif
+}
+
+/* Mount id of a vfsmount the verifier knows the type of (reached from a
+ * traced function's arguments): only the step back to its struct mount
+ * needs a probe read where bpf_rdonly_cast is missing. */
+static __always_inline int mount_id_typed(struct vfsmount *vfsmnt)
+{
+	struct super_block *sb;
+	__u32 id;
+
+	if (!vfsmnt)
+		return -1;
+	sb = vfsmnt->mnt_sb;
+#ifdef IO_PROBE_READS
+	id = BPF_CORE_READ((struct mount *)mount_of(vfsmnt), mnt_id);
+#else
+	id = VIEW(struct mount, mount_of(vfsmnt))->mnt_id;
+#endif
+	return mount_id_of(id, sb->s_dev, sb);
 }
 
 static __always_inline struct vfsmount *file_vfsmount(struct file *f)

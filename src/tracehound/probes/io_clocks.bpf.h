@@ -32,9 +32,19 @@ struct {
 	__type(value, struct moved_clocks);
 } moved_clocks SEC(".maps");
 
+/* The slot of a clock user. The key is a copy: `user` itself must stay out
+ * of memory, or older verifiers lose its bound when it is read back to
+ * index moved_clocks. */
+static __always_inline struct clock *clock_slot(__u32 user)
+{
+	__u32 key = user;
+
+	return bpf_map_lookup_elem(&clocks, &key);
+}
+
 static __always_inline void clock_start(__u32 user, long id)
 {
-	struct clock *c = bpf_map_lookup_elem(&clocks, &user);
+	struct clock *c = clock_slot(user);
 
 	if (!c)
 		return;
@@ -46,7 +56,7 @@ static __always_inline void clock_start(__u32 user, long id)
  * the probe was attached) */
 static __always_inline __u64 clock_stop(__u32 user, struct task_struct *task, long id)
 {
-	struct clock *c = bpf_map_lookup_elem(&clocks, &user);
+	struct clock *c = clock_slot(user);
 	struct moved_clocks *moved;
 	__u64 ts = 0;
 
@@ -68,7 +78,7 @@ static __always_inline __u64 clock_stop(__u32 user, struct task_struct *task, lo
 
 static __always_inline void move_clock(__u32 user, struct task_struct *prev)
 {
-	struct clock *c = bpf_map_lookup_elem(&clocks, &user);
+	struct clock *c = clock_slot(user);
 	struct moved_clocks *moved;
 
 	if (!c || !c->ts || user >= CLOCKS)

@@ -27,7 +27,7 @@ static __always_inline void fx_file(__u32 op, struct file *f, long ret)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
 	__u64 delta = timed(op) ? clock_stop(CLOCK_VFS, task, op) : 0;
-	int mnt = mount_id(file_vfsmount(f));
+	int mnt = mount_id_typed(f->f_path.mnt);
 
 	if (mnt >= 0)
 		account_in(task, mnt, 0, op, ret, delta);
@@ -71,7 +71,7 @@ SEC("fexit/vfs_fsync_range") int BPF_PROG(fx_vfs_fsync_range, struct file *f, lo
 
 SEC("fexit/vfs_open") int BPF_PROG(fx_vfs_open, const struct path *p, struct file *f, int ret)
 {
-	int mnt = mount_id(p->mnt);
+	int mnt = mount_id_typed(p->mnt);
 
 	if (mnt < 0)
 		return 0;

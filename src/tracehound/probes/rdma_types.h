@@ -21,17 +21,7 @@ typedef _Bool bool;
 
 #define PRESERVE __attribute__((preserve_access_index))
 
-struct kernfs_node {
-	u64 id;
-} PRESERVE;
-
-struct cgroup {
-	struct kernfs_node *kn;
-} PRESERVE;
-
-struct css_set {
-	struct cgroup *dfl_cgrp;
-} PRESERVE;
+#include "cgroup_types.h"
 
 struct task_struct {
 	int tgid;

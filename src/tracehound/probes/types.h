@@ -80,17 +80,7 @@ struct nsproxy {
 	struct mnt_namespace *mnt_ns;
 } PRESERVE;
 
-struct kernfs_node {
-	__u64 id;
-} PRESERVE;
-
-struct cgroup {
-	struct kernfs_node *kn;
-} PRESERVE;
-
-struct css_set {
-	struct cgroup *dfl_cgrp;
-} PRESERVE;
+#include "cgroup_types.h"
 
 struct task_struct {
 	struct css_set *cgroups;
