@@ -33,6 +33,14 @@ def test_help_lists_subcommands():
     assert "--listen" in sub.stdout and "--hook-mode" in sub.stdout
 
 
+@pytest.mark.parametrize("value,timed", [
+    ("on", {"io.read", "io.write", "io.fsync"}), ("off", set()),
+    (" io.fsync , io.read ", {"io.fsync", "io.read"})])
+def test_latency_flag_names_the_timed_probes(value, timed):
+    from tracehound.commands.run import _latency
+    assert _latency(value) == timed
+
+
 def test_bad_listen_address():
     one_line_error(th("run", "--listen", "localhost"), "--listen", "HOST:PORT")
 

@@ -36,6 +36,9 @@ FLAGS = [
     ("--kubelet-url", "garbage://x", "not an http"),
     ("--kubelet-url", "http://", "not an http"),
     ("--latency-histograms", "pod", "invalid choice"),
+    ("--latency", "io.open", "expected on, off"),
+    ("--latency", "io.read,", "expected on, off"),
+    ("--latency", "", "expected on, off"),
 ]
 
 
