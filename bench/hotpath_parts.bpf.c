@@ -92,6 +92,15 @@ static __always_inline struct io_stats *stats(void)
 	return s;
 }
 
+/* what one event's accounting adds */
+static __always_inline int count(struct io_stats *s, long ret)
+{
+	__sync_fetch_and_add(&s->bytes[0], ret);
+	__sync_fetch_and_add(&s->lat_sum_ns[0], ret);
+	__sync_fetch_and_add(&s->hist[0][3], 1);
+	return 0;
+}
+
 PART(hash_lookup)
 {
 	struct io_stats *s;
@@ -111,10 +120,7 @@ PART(hash_lookup_3_atomic_adds)
 	s = stats();
 	if (!s)
 		return 0;
-	__sync_fetch_and_add(&s->bytes[0], ret);
-	__sync_fetch_and_add(&s->lat_sum_ns[0], ret);
-	__sync_fetch_and_add(&s->hist[0][3], 1);
-	return 0;
+	return count(s, ret);
 }
 
 PART(fd_mount_probe_reads)
@@ -176,8 +182,5 @@ PART(array_lookup_3_atomic_adds)
 	s = bpf_map_lookup_elem(&parts_slots, &slot);
 	if (!s)
 		return 0;
-	__sync_fetch_and_add(&s->bytes[0], ret);
-	__sync_fetch_and_add(&s->lat_sum_ns[0], ret);
-	__sync_fetch_and_add(&s->hist[0][3], 1);
-	return 0;
+	return count(s, ret);
 }

@@ -1,93 +1,155 @@
-"""Per-event cost of each hook mode, measured inside Debian's 6.1 kernel.
+#!/usr/bin/env python3
+"""Per-event cost of the I/O probe's hook modes next to its peers, inside
+Debian's 6.1 kernel under virtme-ng (emulated, no KVM). Run as root after
+scripts/vm-setup:
 
-The host kernel only offers the tracepoint mode, so fentry and kprobe costs
-can only be compared in the VM tier's emulated machine: compare the modes
-with each other, never with host figures. Run as root after scripts/vm-setup:
+    python bench/vm_modes.py            # 12-14 min, writes bench/report/vm-modes.{md,json,png}
+    python bench/vm_modes.py --quick    # one round of 1 s runs, 5-8 min: smoke test only
 
-    .venv/bin/python bench/vm_modes.py        # writes bench/report/vm-modes.{json,md}
+One VM run compares, on the same fio workloads on a tmpfs: tracehound in each
+hook mode (latency histograms on, and off where `tracehound run` has
+`--latency`), empty programs on the same hooks (the floor), bpftrace with
+bench/baseline.bt, and CEEMS's own VFS programs, built from their source with
+their own Makefile. The first round(s) of each condition (--cost-rounds)
+measure BPF run time with kernel.bpf_stats_enabled=1; every round measures
+throughput with it off, conditions interleaved and the order rotated.
+Emulation inflates every absolute number, so the report gives ratios only.
+
+The host builds the probes and CEEMS's objects, boots the VM and writes the
+report; the guest part runs this file with --guest, and the empty and CEEMS
+programs are held by this file run with --hold.
 """
+from __future__ import annotations
+
+import argparse
 import json
+import os
+import platform
+import re
+import shlex
+import shutil
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-REPORT = REPO / "bench" / "report"
-MODES = ("fentry", "kprobe", "tracepoint")
-PREFIXES = ("fe_", "fx_", "kp_", "kr_", "tp_")
+from vm_modes_ceems import build_ceems, hold
+from vm_modes_common import HERE, MODES, REPO, WORKLOADS, log
+from vm_modes_guest import guest
+
+# rough seconds to start and stop each kind under TCG on a 2-CPU host, for the estimate only
+START_S = {"th": 14, "bpftrace": 40, "hold": 7}
 
 
-def guest(out: Path) -> None:
-    """Runs inside the VM: one agent per mode, bpf_stats on, fio on tmpfs."""
-    tmp = Path("/tmp/vm-modes")
-    tmp.mkdir(exist_ok=True)
-    subprocess.run(["mount", "-t", "tmpfs", "x", str(tmp)], check=True)
-    data = tmp / "f"
-    subprocess.run(["fio", "--name=lay", f"--filename={data}", "--size=64M", "--rw=write",
-                    "--bs=1M", "--output-format=terse"], check=True, capture_output=True)
-    Path("/proc/sys/kernel/bpf_stats_enabled").write_text("1")
-    results = {}
-    for mode in MODES:
-        print(f"vm-modes: {mode}", flush=True)
-        agent = subprocess.Popen([str(REPO / ".venv/bin/tracehound"), "run", "--hook-mode", mode,
-                                  "--listen", "127.0.0.1:0"], stdout=subprocess.PIPE, text=True)
-        while "io.rename" not in (agent.stdout.readline() or "io.rename"):
-            pass
-        time.sleep(1)
-        before = progs()
-        fio = subprocess.run(["fio", "--name=r", f"--filename={data}", "--size=64M", "--bs=4k",
-                              "--rw=randread", "--ioengine=psync", "--time_based", "--runtime=5",
-                              "--output-format=json"], check=True, capture_output=True, text=True)
-        after = progs()
-        agent.terminate()
-        agent.wait(timeout=30)
-        reads = json.loads(fio.stdout)["jobs"][0]["read"]["total_ios"]
-        per_prog = {}
-        for pid, (name, cnt, ns) in after.items():
-            c0, n0 = before.get(pid, (name, 0, 0))[1:]
-            if cnt - c0 > 0:
-                per_prog[name] = {"runs": cnt - c0, "ns": ns - n0,
-                                  "ns_per_run": round((ns - n0) / (cnt - c0), 1)}
-        total_ns = sum(p["ns"] for p in per_prog.values())
-        results[mode] = {"fio_reads": reads, "iops": json.loads(fio.stdout)["jobs"][0]["read"]["iops"],
-                         "programs": per_prog, "ns_per_io_syscall": round(total_ns / reads, 1)}
-    Path("/proc/sys/kernel/bpf_stats_enabled").write_text("0")
-    (out / "vm-modes.json").write_text(json.dumps(results, indent=2))
+def estimate_s(s: dict) -> float:
+    n_th = (6 if s["latency_flag"] else 3) if s["conditions"] is None else \
+        sum(c.startswith("th-") for c in s["conditions"])
+    starts = n_th * START_S["th"] + START_S["bpftrace"] + 3 * START_S["hold"]
+    tput = (n_th + 5) * (len(s["workloads"]) * s["runtime"] + 2)
+    cost = s["cost_rounds"] * (n_th + 4) * len(s["workloads"]) * (s["window"] + 2.5) + n_th * 4
+    return 60 + s["rounds"] * (starts + tput) + cost
 
 
-def progs() -> dict:
-    out = json.loads(subprocess.run(["bpftool", "prog", "show", "-j"], check=True,
-                                    capture_output=True, text=True).stdout)
-    return {p["id"]: (p["name"], p.get("run_cnt", 0), p.get("run_time_ns", 0))
-            for p in out if p.get("name", "").startswith(PREFIXES)}
-
-
-def host() -> None:
+def host(args) -> int:
     sys.path.insert(0, str(REPO / "tests" / "vm"))
     import harness
-    REPORT.mkdir(parents=True, exist_ok=True)
-    r = harness.run_in_vm(f"{sys.executable} {__file__} --guest {REPORT}", timeout=900,
-                          cwd=REPO, writable=[REPORT], stream=sys.stdout)
-    if r.returncode != 0:
-        raise SystemExit(f"vm-modes: guest failed ({r.returncode})\n{r.output[-2000:]}")
-    res = json.loads((REPORT / "vm-modes.json").read_text())
-    lines = ["# Hook modes compared inside Debian 6.1 (emulated, TCG)", "",
-             f"Kernel {r.kernel_release} under QEMU without KVM: absolute numbers are inflated by "
-             "emulation; compare the modes with each other, not with the host report. fio 4 KiB "
-             "random reads from tmpfs, 5 s per mode, bpf_stats on.", "",
-             "| mode | IOPS | ns per I/O syscall (all programs) | programs (ns per run) |",
-             "|---|---:|---:|---|"]
-    for mode, m in res.items():
-        progs_txt = ", ".join(f"{n} {p['ns_per_run']}" for n, p in sorted(m["programs"].items())
-                              if p["runs"] > 1000)
-        lines.append(f"| {mode} | {m['iops']:,.0f} | {m['ns_per_io_syscall']} | {progs_txt} |")
-    (REPORT / "vm-modes.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    from vm_modes_report import write_reports
+    if os.geteuid() != 0:
+        sys.exit("run as root: the VM is booted with the host's root file system")
+    if (why := harness.is_available()):
+        sys.exit(why)
+    src = args.tree.resolve() / "src"
+    log(f"building the probes (make -C {src}/tracehound/probes)")
+    subprocess.run(["make", "-s", "-C", str(src / "tracehound/probes")], check=True)
+    load_start = Path("/proc/loadavg").read_text().split()[:3]
+    xdir = Path(tempfile.mkdtemp(prefix="vm-modes-"))
+    try:
+        ceems = build_ceems(args.ceems_src, xdir / "ceems")
+        log("CEEMS: " + (ceems.get("make", "") + ", " + ceems.get("clang", "") if "objs" in ceems
+                         else ceems["note"]))
+        # asked here, where Python starts in a second rather than a minute
+        helptext = subprocess.run([sys.executable, "-m", "tracehound", "run", "--help"], capture_output=True,
+                                  text=True, env=dict(os.environ, PYTHONPATH=str(src))).stdout
+        settings = {"tree": str(args.tree.resolve()), "quick": args.quick, "rounds": args.rounds,
+                    "cost_rounds": args.cost_rounds, "runtime": args.runtime, "window": args.window,
+                    "latency_flag": re.search(r"--latency(?![\w-])", helptext) is not None,
+                    "size_mib": args.size_mib, "workloads": args.workloads,
+                    "conditions": args.conditions, "ceems": ceems}
+        (xdir / "settings.json").write_text(json.dumps(settings))
+        log(f"booting the VM; expect about {estimate_s(settings) / 60:.0f} min")
+        t0 = time.monotonic()
+        try:
+            r = harness.run_in_vm(f"{shlex.quote(sys.executable)} {shlex.quote(__file__)} --guest {xdir}",
+                                  timeout=args.vm_timeout, cwd=REPO, writable=[xdir],
+                                  env={"PYTHONPATH": str(src)}, stream=sys.stdout)
+            vm = {"kernel": r.kernel_release, "exit": r.returncode, "boot_s": round(r.boot_seconds, 1)}
+        except harness.VmBootError as e:  # what the guest saved so far still makes a report
+            log(f"the VM failed: {str(e)[:2000]}")
+            vm = {"exit": None, "failed": str(e).splitlines()[0]}
+        vm["total_s"] = round(time.monotonic() - t0, 1)
+        if not (xdir / "results.json").exists():
+            sys.exit("vm-modes: the guest wrote no results")
+        res = json.loads((xdir / "results.json").read_text())
+        res["vm"] = vm
+        def git(*a: str) -> str:
+            return subprocess.run(["git", "-C", str(args.tree), *a], capture_output=True,
+                                  text=True).stdout.strip()
+        res["host"] = {"kernel": platform.release(), "nproc": os.cpu_count(), "loadavg_start": load_start,
+                       "loadavg_end": Path("/proc/loadavg").read_text().split()[:3],
+                       "commit": (git("rev-parse", "--short", "HEAD") or "not a git checkout")
+                       + (" + uncommitted changes in src/" if git("status", "--porcelain", "src") else "")}
+        for what, msg, ok in write_reports(args.out, res):
+            log(f"{'MET ' if ok else 'MISS' if ok is False else '----'} {what}: {msg}")
+        log(f"report in {args.out}/vm-modes.md; VM {vm['total_s'] / 60:.1f} min")
+        return 0 if vm["exit"] == 0 else 1
+    finally:
+        shutil.rmtree(xdir, ignore_errors=True)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="1 round, 1 s windows, 32 MiB files (smoke test)")
+    ap.add_argument("--rounds", type=int, help="interleaved throughput rounds (default 3, quick 1)")
+    ap.add_argument("--runtime", type=int, help="seconds per workload in a throughput run (default 1)")
+    ap.add_argument("--window", type=float, help="seconds of steady-state fio per workload over which "
+                    "bpf_stats are taken (default 1.5, quick 1)")
+    ap.add_argument("--cost-rounds", type=int, default=1,
+                    help="rounds that also measure BPF cost; the median run is reported (default 1)")
+    ap.add_argument("--size-mib", type=int, help="size of each file on the tmpfs (default 64, quick 32)")
+    ap.add_argument("--workloads", default=",".join(WORKLOADS),
+                    help=f"comma-separated, from {', '.join(WORKLOADS)} (default: all)")
+    ap.add_argument("--conditions", help="comma-separated subset (default: all): th-fentry, th-kprobe, "
+                    "th-tracepoint, th-MODE-nolat, empty-tp, empty-fentry, bpftrace, ceems")
+    ap.add_argument("--ceems-src", type=Path, default=REPO.parent / "shared/peers/ceems-bpf",
+                    help="CEEMS's bpf folder (default ../shared/peers/ceems-bpf)")
+    ap.add_argument("--tree", type=Path, default=REPO,
+                    help="source tree whose agent and probes are measured (default: this checkout)")
+    ap.add_argument("--out", type=Path, default=HERE / "report", help="report folder (default bench/report)")
+    ap.add_argument("--vm-timeout", type=int, default=2400, help="seconds for boot and run")
+    ap.add_argument("--guest", type=Path, help=argparse.SUPPRESS)
+    ap.add_argument("--hold", choices=("empty-tp", "empty-fentry", "ceems"), help=argparse.SUPPRESS)
+    ap.add_argument("--obj", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.hold:
+        return hold(args.hold, args.obj)
+    if args.guest:
+        return guest(args.guest)
+    args.rounds = args.rounds or (1 if args.quick else 3)
+    args.runtime = args.runtime or 1
+    args.window = args.window or (1 if args.quick else 1.5)
+    args.cost_rounds = min(args.cost_rounds, args.rounds)
+    args.size_mib = args.size_mib or (32 if args.quick else 64)
+    args.workloads = [w for w in args.workloads.split(",") if w]
+    if set(args.workloads) - set(WORKLOADS):
+        ap.error(f"unknown workload: {set(args.workloads) - set(WORKLOADS)}")
+    args.conditions = args.conditions.split(",") if args.conditions else None
+    known = {f"th-{m}{x}" for m in MODES for x in ("", "-nolat")}
+    known |= {"empty-tp", "empty-fentry", "bpftrace", "ceems"}
+    if set(args.conditions or ()) - known:
+        ap.error(f"unknown condition: {set(args.conditions) - known}")
+    return host(args)
 
 
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "--guest":
-        guest(Path(sys.argv[2]))
-    else:
-        host()
+    sys.exit(main())

@@ -1,0 +1,27 @@
+"""What the host, the guest and the program holders of bench/vm_modes.py
+share: where things are, the fio workloads and the hook modes compared."""
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+STATS = Path("/proc/sys/kernel/bpf_stats_enabled")
+MNT = "/tmp/vm-modes-bench"          # the tmpfs in the guest; CEEMS keys on this path
+CGROUP = "vm-modes-fio"              # fio runs here: CEEMS ignores the root cgroup
+MODES = ("fentry", "kprobe", "tracepoint")
+WORKLOADS = {  # name: (file, fio rw, block size)
+    "randread-4k": ("r", "randread", "4k"),
+    "seqread-1m": ("r", "read", "1M"),
+    "seqwrite-1m": ("w", "write", "1M"),
+}
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def sh(cmd: list[str]) -> str:
+    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
