@@ -44,7 +44,8 @@ struct {
 	__type(value, struct io_stats);
 } parts_slots SEC(".maps");
 
-extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym;
+/* weak: kernels before 6.2 lack it, and only its own part is left out */
+extern void *bpf_rdonly_cast(const void *obj, __u32 btf_id) __ksym __weak;
 #define VIEW(type, addr) ((type *)bpf_rdonly_cast((void *)(addr), bpf_core_type_id_kernel(type)))
 
 /* written so the compiler cannot drop the work */

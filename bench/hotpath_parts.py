@@ -26,6 +26,7 @@ import tempfile
 from pathlib import Path
 
 from tracehound.bpf.loader import BpfObject
+from tracehound.errors import TracehoundError
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -74,11 +75,17 @@ def fio(path: str, runtime: int, cpu: int | None) -> int:
     return json.loads(out)["jobs"][0]["read"]["total_ios"]
 
 
-def measure(obj_path: Path, part: str, data: str, runtime: int, cpu: int | None) -> float:
+def measure(obj_path: Path, part: str, data: str, runtime: int, cpu: int | None) -> float | None:
+    """ns per run, or None where this kernel refuses the part (a kfunc it
+    does not have)."""
     with BpfObject(str(obj_path)) as obj:
         for name, prog in obj.programs.items():
             prog.autoload = name == part
-        obj.load()
+        try:
+            obj.load()
+        except TracehoundError as e:
+            print(f"{part}: not on this kernel: {str(e).splitlines()[0]}", flush=True)
+            return None
         obj.attach_all()
         fd = obj.programs[part].fd
         n0, t0 = run_stats(fd)
@@ -93,6 +100,8 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--runtime", type=int, default=2, help="seconds of fio per part and round")
     ap.add_argument("--out", type=Path, default=HERE / "report")
+    ap.add_argument("--name", default="hotpath-parts",
+                    help="report file name, without .md/.json (e.g. hotpath-parts-vm)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         sys.exit("run as root: loading BPF and mounting tmpfs need it")
@@ -112,15 +121,18 @@ def main() -> int:
             STATS.write_text("1")
             runs: dict[str, list[float]] = {p: [] for p in MEANING}
             for r in range(args.rounds):
-                for part in MEANING:
-                    runs[part].append(measure(obj, part, data, args.runtime, cpu))
-                    print(f"round {r + 1}/{args.rounds} {part:<28} {runs[part][-1]:7.1f} ns/run",
-                          flush=True)
+                for part in list(runs):
+                    ns = measure(obj, part, data, args.runtime, cpu)
+                    if ns is None:
+                        del runs[part]
+                        continue
+                    runs[part].append(ns)
+                    print(f"round {r + 1}/{args.rounds} {part:<28} {ns:7.1f} ns/run", flush=True)
         finally:
             STATS.write_text(before)
             subprocess.run(["umount", str(mnt)], check=False)
     # each round's cost against that round's filter, then the median
-    cost = {p: statistics.median(v - f for v, f in zip(runs[p], runs["filter"])) for p in MEANING}
+    cost = {p: statistics.median(v - f for v, f in zip(runs[p], runs["filter"])) for p in runs}
     cpu_model = re.search(r"model name\s*:\s*(.*)", Path("/proc/cpuinfo").read_text())
     srso = Path("/sys/devices/system/cpu/vulnerabilities/spec_rstack_overflow")
     machine = {"date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
@@ -130,15 +142,21 @@ def main() -> int:
     res = {"machine": machine, "rounds": args.rounds, "runtime_s": args.runtime,
            "ns_per_run": runs, "cost_ns": cost}
     args.out.mkdir(parents=True, exist_ok=True)
-    (args.out / "hotpath-parts.json").write_text(json.dumps(res, indent=2) + "\n")
-    (args.out / "hotpath-parts.md").write_text(report(res))
+    (args.out / f"{args.name}.json").write_text(json.dumps(res, indent=2) + "\n")
+    (args.out / f"{args.name}.md").write_text(report(res))
     print(report(res))
     return 0
 
 
 def report(res: dict) -> str:
     m, c = res["machine"], res["cost_ns"]
-    timed = 2 * c["clock_read"]
+
+    def ns(*parts: str, minus: str | None = None, times: int = 1) -> str:
+        """a cost (or a sum, or a difference) in ns, or why it is missing"""
+        if any(p not in c for p in parts + ((minus,) if minus else ())):
+            return "n/a (not on this kernel)"
+        return f"{times * sum(c[p] for p in parts) - (c[minus] if minus else 0):.0f} ns"
+
     lines = [
         "# What each step of an I/O event costs", "",
         f"{m['date']} on Linux {m['kernel']}, {m['nproc']} × {m['cpu']}; return-stack "
@@ -149,26 +167,29 @@ def report(res: dict) -> str:
         "| block | what it does | ns per run (median) | cost over filter |",
         "|---|---|---:|---:|"]
     for part, meaning in MEANING.items():
+        if part not in c:
+            lines.append(f"| `{part}` | {meaning} | not on this kernel | |")
+            continue
         lines.append(f"| `{part}` | {meaning} | {statistics.median(res['ns_per_run'][part]):.1f} "
                      f"| {'–' if part == 'filter' else f'{c[part]:.1f}'} |")
     lines += [
         "", "## Floors that follow", "",
-        f"- **Timing a call** needs a clock read at entry and another at exit: {timed:.0f} ns "
-        "here, before any counting, and no program can do with less. Where the start is kept "
-        f"matters too: task storage would add {c['task_storage']:.0f} ns at each end; the probe "
-        f"keeps it in a per-CPU slot ({c['percpu_array_lookup']:.0f} ns, including the task "
-        "pointer) and moves it to task storage only when the task is switched out mid-call. "
-        "Latency off (`--latency off`) removes both clock reads and, in syscall mode, the "
-        "entry hook.",
+        f"- **Timing a call** needs a clock read at entry and another at exit: "
+        f"{ns('clock_read', times=2)} here, before any counting, and no program can do with "
+        f"less. Where the start is kept matters too: task storage would add "
+        f"{ns('task_storage')} at each end; the probe keeps it in a per-CPU slot "
+        f"({ns('percpu_array_lookup')}, including the task pointer) and moves it to task "
+        "storage only when the task is switched out mid-call. Latency off (`--latency off`) "
+        "removes both clock reads and, in syscall mode, the entry hook.",
         f"- **Counting an event** in a (cgroup, mount)-keyed hash costs "
-        f"{c['hash_lookup_3_atomic_adds']:.0f} ns here; through an array slot "
-        f"{c['array_lookup_3_atomic_adds']:.0f} ns, which is why the probe keeps its counters "
-        "in an array and finds the slot from a per-CPU hint. The atomic adds themselves are "
-        f"{c['hash_lookup_3_atomic_adds'] - c['hash_lookup']:.0f} ns, so per-CPU counters would "
-        "not pay for the memory they take (value size × CPUs per entry).",
-        f"- **Finding the mount** of an fd: {c['fd_mount_typed_loads']:.0f} ns with typed loads "
-        f"against {c['fd_mount_probe_reads']:.0f} ns through probe reads; the cgroup id "
-        f"{c['cgroup_id_loads']:.0f} ns by loads against {c['cgroup_id_helper']:.0f} ns by helper.",
+        f"{ns('hash_lookup_3_atomic_adds')} here; through an array slot "
+        f"{ns('array_lookup_3_atomic_adds')}, which is why the probe keeps its counters in an "
+        "array and finds the slot from a per-CPU hint. The atomic adds themselves are "
+        f"{ns('hash_lookup_3_atomic_adds', minus='hash_lookup')}, so per-CPU counters would not "
+        "pay for the memory they take (value size × CPUs per entry).",
+        f"- **Finding the mount** of an fd: {ns('fd_mount_typed_loads')} with typed loads against "
+        f"{ns('fd_mount_probe_reads')} through probe reads; the cgroup id "
+        f"{ns('cgroup_id_loads')} by loads against {ns('cgroup_id_helper')} by helper.",
     ]
     return "\n".join(lines) + "\n"
 
