@@ -180,9 +180,17 @@ static __always_inline int mount_id_of(__u32 id, __u32 dev, struct super_block *
 	return skip ? -1 : (int)id;
 }
 
-static __always_inline unsigned long mount_of(struct vfsmount *vfsmnt)
+/* Id of the struct mount a vfsmount is embedded in: the one step that needs
+ * a probe read where bpf_rdonly_cast is missing. */
+static __always_inline __u32 id_of_mount_around(struct vfsmount *vfsmnt)
 {
-	return (unsigned long)vfsmnt - bpf_core_field_offset(struct mount, mnt);
+	unsigned long mount = (unsigned long)vfsmnt - bpf_core_field_offset(struct mount, mnt);
+
+#ifdef IO_PROBE_READS
+	return BPF_CORE_READ((struct mount *)mount, mnt_id);
+#else
+	return VIEW(struct mount, mount)->mnt_id;
+#endif
 }
 
 /* Mount id of a vfsmount at any kernel address. */
@@ -194,31 +202,24 @@ static __always_inline int mount_id(struct vfsmount *vfsmnt)
 		return -1;
 #ifdef IO_PROBE_READS
 	sb = BPF_CORE_READ(vfsmnt, mnt_sb);
-	return mount_id_of(BPF_CORE_READ((struct mount *)mount_of(vfsmnt), mnt_id),
-			   BPF_CORE_READ(sb, s_dev), sb);
+	return mount_id_of(id_of_mount_around(vfsmnt), BPF_CORE_READ(sb, s_dev), sb);
 #else
 	sb = VIEW(struct vfsmount, vfsmnt)->mnt_sb;
-	return mount_id_of(VIEW(struct mount, mount_of(vfsmnt))->mnt_id, sb->s_dev, sb);
+	return mount_id_of(id_of_mount_around(vfsmnt), sb->s_dev, sb);
 #endif
 }
 
 /* Mount id of a vfsmount the verifier knows the type of (reached from a
- * traced function's arguments): only the step back to its struct mount
- * needs a probe read where bpf_rdonly_cast is missing. */
+ * traced function's arguments): its super block is read with plain loads
+ * in both builds. */
 static __always_inline int mount_id_typed(struct vfsmount *vfsmnt)
 {
 	struct super_block *sb;
-	__u32 id;
 
 	if (!vfsmnt)
 		return -1;
 	sb = vfsmnt->mnt_sb;
-#ifdef IO_PROBE_READS
-	id = BPF_CORE_READ((struct mount *)mount_of(vfsmnt), mnt_id);
-#else
-	id = VIEW(struct mount, mount_of(vfsmnt))->mnt_id;
-#endif
-	return mount_id_of(id, sb->s_dev, sb);
+	return mount_id_of(id_of_mount_around(vfsmnt), sb->s_dev, sb);
 }
 
 static __always_inline struct vfsmount *file_vfsmount(struct file *f)
@@ -268,9 +269,8 @@ static __always_inline __u64 cgroup_id_of(struct task_struct *task)
 /* Mount a path argument starts from: the longest mount-point prefix for an
  * absolute path in the agent's mount namespace, otherwise the directory it is
  * relative to (dirfd, cwd or the task's root). */
-static __always_inline int path_mount(long dirfd, const char *upath)
+static __always_inline int path_mount(struct task_struct *task, long dirfd, const char *upath)
 {
-	struct task_struct *task = (void *)bpf_get_current_task();
 	__u32 zero = 0, ns = 0;
 	struct mnt_lpm_key *key = bpf_map_lookup_elem(&path_scratch, &zero);
 	struct mnt_lpm_value *val;
@@ -294,13 +294,9 @@ static __always_inline int path_mount(long dirfd, const char *upath)
 	}
 	if (dirfd == AT_FDCWD)
 		return mount_id(BPF_CORE_READ(task, fs, pwd.mnt));
-	return fd_mount(bpf_get_current_task_btf(), dirfd);
+	return fd_mount(task, dirfd);
 }
 
-/* Count one call. `delta` is its latency when it was timed, 0 when not
- * (latency off for the op, or the call began before the probe attached):
- * a timed call is counted in its histogram, any other in calls[op], and the
- * scrape adds the two, so every call is counted exactly once. */
 static __always_inline bool same_key(const struct io_key *a, const struct io_key *b)
 {
 	return a->cgroup_id == b->cgroup_id && a->mnt == b->mnt && a->flags == b->flags;
@@ -357,6 +353,10 @@ static __always_inline struct io_stats *stats_of(struct io_key *key)
 	return s;
 }
 
+/* Count one call. `delta` is its latency when it was timed, 0 when not
+ * (latency off for the op, or the call began before the probe attached):
+ * a timed call is counted in its histogram, any other in calls[op], and the
+ * scrape adds the two, so every call is counted exactly once. */
 static __always_inline void account_in(struct task_struct *task, __u32 mnt, __u32 flags, __u32 op,
 				       long ret, __u64 delta)
 {

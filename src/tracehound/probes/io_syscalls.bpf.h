@@ -69,7 +69,8 @@ int BPF_PROG(tp_sys_enter, struct pt_regs *regs, long id)
 
 /* open-type calls: the opened file's mount when it succeeded, otherwise the
  * mount the path points into */
-static __always_inline void tp_open_exit(long id, struct pt_regs___th *r, long ret)
+static __always_inline void tp_open_exit(struct task_struct *task, long id, struct pt_regs___th *r,
+					 long ret)
 {
 	long dirfd = r->di;
 	const char *path = (const char *)r->si;
@@ -87,12 +88,12 @@ static __always_inline void tp_open_exit(long id, struct pt_regs___th *r, long r
 		flags = 0;  /* struct open_how starts with __u64 flags */
 		bpf_probe_read_user(&flags, sizeof(flags), (void *)r->dx);
 	}
-	mnt = ret >= 0 ? fd_mount(bpf_get_current_task_btf(), ret) : path_mount(dirfd, path);
+	mnt = ret >= 0 ? fd_mount(task, ret) : path_mount(task, dirfd, path);
 	if (mnt < 0)
 		return;
-	account(mnt, 0, OP_OPEN, ret, 0);
+	account_in(task, mnt, 0, OP_OPEN, ret, 0);
 	if (flags & O_CREAT)
-		account(mnt, 0, OP_CREATE, ret, 0);
+		account_in(task, mnt, 0, OP_CREATE, ret, 0);
 }
 
 SEC("tp_btf/sys_exit")
@@ -114,16 +115,16 @@ int BPF_PROG(tp_sys_exit, struct pt_regs *regs, long ret)
 		mnt = fd_mount(task, r->di);
 		break;
 	case OP_OPEN:
-		tp_open_exit(id, r, ret);
+		tp_open_exit(task, id, r, ret);
 		return 0;
 	default:
 		if (id == NR(mkdirat) || id == NR(unlinkat) || id == NR(renameat) ||
 		    id == NR(renameat2)) {
 			if (id == NR(unlinkat) && (r->dx & AT_REMOVEDIR))
 				op = OP_RMDIR;
-			mnt = path_mount(r->di, (const char *)r->si);
+			mnt = path_mount(task, r->di, (const char *)r->si);
 		} else {
-			mnt = path_mount(AT_FDCWD, (const char *)r->di);
+			mnt = path_mount(task, AT_FDCWD, (const char *)r->di);
 		}
 	}
 	if (mnt >= 0)
