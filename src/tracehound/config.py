@@ -19,5 +19,6 @@ class AgentConfig:
     mountinfo: str = defaults.MOUNTINFO
     rdma_grace_s: float = defaults.RDMA_GRACE_S
     latency_histograms: str = defaults.LATENCY_HISTOGRAMS
-    # probes (of defaults.LATENCY_PROBES) whose calls are timed
+    # probes (of defaults.LATENCY_PROBES) whose calls are timed, unless
+    # latency_histograms is off
     latency: frozenset[str] = frozenset(defaults.LATENCY_PROBES)

@@ -78,3 +78,18 @@ def test_port_in_use():
                        "--listen")
     finally:
         s.close()
+
+
+@pytest.mark.parametrize("histograms,latency,timed", [
+    ("cgroup-mount", frozenset({"io.read", "io.fsync"}), {"read", "fsync"}),
+    ("off", frozenset({"io.read", "io.write", "io.fsync"}), set())])
+def test_the_io_probe_times_what_is_exported(histograms, latency, timed):
+    """No latency histogram exported: no call is timed either."""
+    from tracehound.config import AgentConfig
+    from tracehound.host.mounts import MountTable
+    from tracehound.subsystems.base import Context
+    from tracehound.subsystems.io import IoSubsystem
+    here = os.path.dirname(__file__)
+    ctx = Context(AgentConfig(latency_histograms=histograms, latency=latency),
+                  MountTable(os.path.join(here, "fixtures", "exposition", "mountinfo")), None)
+    assert IoSubsystem(ctx).probe.config.latency == timed

@@ -133,5 +133,4 @@ def _run(args) -> int:
                            args.pod_logs_dir, args.kubelet_url, rdma_grace_s=args.rdma_grace,
                            mountinfo=args.mountinfo,
                            latency_histograms=args.latency_histograms,
-                           latency=frozenset() if args.latency_histograms == "off"
-                           else args.latency), stop=stop)
+                           latency=args.latency), stop=stop)

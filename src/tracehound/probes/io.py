@@ -311,13 +311,19 @@ class IoProbe:
     def _entries(self) -> Iterator[tuple[bytes, bytes]]:
         """(raw key, raw struct io_stats) of every registered key: the slots
         from io_slots, the counters straight from the mapped array."""
-        mem, stride = self._counters, self._maps["io_stats"].stride
         for k, v in self._maps["io_slots"].iter_items():
-            at = SLOT.unpack(v)[0] * stride
-            raw = mem[at:at + stride]
-            # a key registered while its slot is being handed over: next scrape
-            if raw[:COUNTERS_AT] == k:
+            raw = self._slot(k, v)
+            if raw is not None:
                 yield k, raw
+
+    def _slot(self, key: bytes, slot: bytes) -> bytes | None:
+        """The struct io_stats in a slot, or None while it does not (yet, or
+        any more) belong to the key: a key registered while its slot is
+        being handed over is read at the next scrape."""
+        stride = self._maps["io_stats"].stride
+        at = SLOT.unpack(slot)[0] * stride
+        raw = self._counters[at:at + stride]
+        return raw if raw[:COUNTERS_AT] == key else None
 
     def retire(self, keys: list[IoKey]) -> list[tuple[IoKey, array.array]]:
         """Read these entries one last time and free their slots (their
@@ -334,13 +340,12 @@ class IoProbe:
         found = slots.lookup(key)
         if found is None:
             return None
-        at = SLOT.unpack(found)[0] * stats.stride
-        raw = self._counters[at:at + stats.stride]
+        raw = self._slot(key, found)
         slots.delete(key)
         # emptied, owner included, before it can be handed out again
         stats.update(found, bytes(stats.value_size))
         self._maps["free_slots"].push(found)
-        return raw if raw[:COUNTERS_AT] == key else None
+        return raw
 
     def drops(self) -> dict[str, int]:
         """Updates lost because a map was full, by map name (summed over CPUs)."""

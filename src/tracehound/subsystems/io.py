@@ -17,7 +17,9 @@ class IoSubsystem(Subsystem):
     def __init__(self, ctx):
         super().__init__(ctx)
         c = ctx.config
-        timed = frozenset(p.removeprefix("io.") for p in c.latency)
+        # no histogram exported: nothing to time either
+        timed = frozenset() if c.latency_histograms == "off" else \
+            frozenset(p.removeprefix("io.") for p in c.latency)
         self.probe = IoProbe(IoProbeConfig(c.hook_mode, c.skip_fstypes, c.max_entries, timed),
                              ctx.mounts)
         self.collector: IoCollector | None = None
