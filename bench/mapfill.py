@@ -228,7 +228,7 @@ def find_map(pid: int, name: str, suffix: bool = False) -> tuple[int, _MapInfo]:
 def value(io, seed: int) -> bytes:
     """Counters of one entry in the layout of `io` (a tracehound.probes.io):
     every read, write and fsync call sits in a histogram slot (the kernel
-    counts those calls only there), a few opens, now and then an error, so
+    counts those calls only there), a few opens, some of them not found, now and then an error, so
     each exported family has non-zero samples."""
     ops, hists, slots = io.OPS, io.HISTS, io.HIST_SLOTS
     reads, writes = 1 + seed % 53, 1 + seed % 29
@@ -237,6 +237,8 @@ def value(io, seed: int) -> bytes:
     calls[ops.index("open")] = 1 + seed % 5 + (seed % 17 == 0)
     calls[ops.index("create")] = seed % 2
     errors[ops.index("open")] = int(seed % 17 == 0)
+    not_found = [0] * len(ops)
+    not_found[ops.index("open")] = seed % 7
     hist, lat = [0] * (len(hists) * slots), [0] * len(hists)
     for h, (n, slot) in enumerate(((reads, 10 + seed % 4), (writes, 12 + seed % 5),
                                    (fsyncs, 17 + seed % 4))):
@@ -244,7 +246,7 @@ def value(io, seed: int) -> bytes:
         hist[h * slots + slot], hist[h * slots + slot + 1] = n - n // 3, n // 3
         lat[h] = (n - n // 3) * 3 * 2 ** (slot - 1) + (n // 3) * 3 * 2 ** slot
     fields = {"owner": b"", "bytes": (reads * 4096, writes * 4096), "calls": calls,
-              "errors": errors, "lat_sum_ns": lat, "hist": hist}
+              "errors": errors, "not_found": not_found, "lat_sum_ns": lat, "hist": hist}
     # the counters only: each slot gets its own key in front
     return io.IO_STATS.pack(*(fields[f.name] for f in io.IO_STATS.fields))[io.COUNTERS_AT:]
 

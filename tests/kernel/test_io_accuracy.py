@@ -117,22 +117,26 @@ def test_namespace_operations(agent, cgroup_root, cgroup, tmpfs):
         ["mkdir", "rel"],                           # relative to the cwd on tmpfs
         ["rmdir", "rel"],
         ["rmdir", d + "/nope"],                     # ENOENT
+        ["create", d],                              # EISDIR: an error, not a missing name
     ])
-    assert res == [0, -17, 0, 0, -2, 0, 0, -2, 0, 0, 0, -2]
+    assert res == [0, -17, 0, 0, -2, 0, 0, -2, 0, 0, 0, -2, -21]
     m = agent.scrape()
     lb = labels(cgroup, tmpfs)
     if probe_mode(m, "io.mkdir") == "tracepoint":
-        # syscall level: every call, failing lookups included; create = O_CREAT asked
-        expect = {"mkdir": (3, 1), "create": (1, 0), "open": (3, 1), "rename": (1, 0),
-                  "unlink": (2, 1), "rmdir": (2, 1)}
+        # syscall level: every call, failing lookups included; create = O_CREAT
+        # asked; ENOENT is counted as not found, apart from the errors
+        expect = {"mkdir": (3, 1, 0), "create": (2, 1, 0), "open": (4, 1, 1),
+                  "rename": (1, 0, 0), "unlink": (2, 0, 1), "rmdir": (2, 0, 1)}
     else:
-        # VFS level: calls whose path lookup failed never reach vfs_*; the
+        # VFS level: calls whose path lookup failed never reach vfs_*, nor
+        # does an open refused before the file is opened (EISDIR); the
         # create's open is also a vfs_open
-        expect = {"mkdir": (2, 0), "create": (1, 0), "open": (2, 0), "rename": (1, 0),
-                  "unlink": (1, 0), "rmdir": (1, 0)}
-    for op, (calls, errors) in expect.items():
+        expect = {"mkdir": (2, 0, 0), "create": (1, 0, 0), "open": (2, 0, 0),
+                  "rename": (1, 0, 0), "unlink": (1, 0, 0), "rmdir": (1, 0, 0)}
+    for op, (calls, errors, not_found) in expect.items():
         assert series(m, f"tracehound_io_{op}_requests_total", **lb) == calls, op
         assert series(m, f"tracehound_io_{op}_errors_total", **lb) == errors, op
+        assert series(m, f"tracehound_io_{op}_not_found_total", **lb) == not_found, op
 
 
 def test_dd_on_tmpfs_and_disk(agent, cgroup_root, cgroup, tmpfs, disk_dir):

@@ -20,7 +20,7 @@ import pytest
 
 from tests import prometheus_server
 from tests.conftest import tracehound_cmd
-from tests.kernel.conftest import mount_of, run_in_cgroup, series
+from tests.kernel.conftest import exec_in_cgroup, mount_of, run_in_cgroup, series
 from tracehound.fleet.prometheus import wait_for
 
 pytestmark = pytest.mark.skipif(shutil.which("tmux") is None,
@@ -311,6 +311,33 @@ def test_once_json_matches_the_exporter(agent, cgroup_root, cgroup, tmpfs):
     p50, p99 = row["latency_p50_seconds"], row["write_latency_p99_seconds"]
     assert p50 is not None and 0 < p50 <= p99 < 1
     assert 1.5 < seconds < 10
+
+
+def test_a_dd_loop_shows_no_errors(agent, cgroup_root, cgroup, tmpfs):
+    """Programs starting up fail name lookups by the dozen (libraries, locale
+    and config files): counted as not found, they are no errors in top."""
+    out = os.path.join(tmpfs, f"top-dd-{uuid.uuid4().hex[:8]}")
+    loop = (f'for i in $(seq 20); do dd if=/dev/zero of={out} bs=4k count=4 2>/dev/null; '
+            f'cat {out}.missing 2>/dev/null; done; true')
+    proxy = ScrapeProxy(agent.url, lambda: exec_in_cgroup(cgroup_root, cgroup, ["sh", "-c", loop]))
+    try:
+        res = subprocess.run(tracehound_cmd() + ["top", "--url", proxy.url, "--once", "--json",
+                                                 "--interval", "2", "--filter", cgroup],
+                             capture_output=True, text=True, timeout=60)
+    finally:
+        proxy.close()
+        if os.path.exists(out):
+            os.unlink(out)
+    assert not proxy.errors and res.returncode == 0, (proxy.errors, res.stderr)
+    m = agent.scrape()
+    # cat's open of the missing file, 20 times; dd's own start-up may add more
+    assert series(m, "tracehound_io_open_not_found_total", cgroup=cgroup) >= 20
+    for op in ("open", "read", "write"):
+        assert series(m, f"tracehound_io_{op}_errors_total", cgroup=cgroup) == 0, op
+    assert series(m, "tracehound_io_write_bytes_total", cgroup=cgroup,
+                  mountpoint=mount_of(tmpfs)) == 20 * 16384
+    rows = json.loads(res.stdout)["io"]
+    assert rows and all(r["errors_per_second"] == 0 for r in rows), rows
 
 
 @pytest.fixture

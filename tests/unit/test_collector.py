@@ -13,12 +13,14 @@ from tracehound.probes.io import KEY, IoProbe, IoProbeConfig
 SAMPLE = "27 1 254:0 / / rw - ext4 /dev/vda rw\n40 27 0:50 / /scratch rw - tmpfs t rw\n"
 
 
-def value(read_bytes=0, write_bytes=0, calls=None, errors=None, lat=None, hist=None):
+def value(read_bytes=0, write_bytes=0, calls=None, errors=None, lat=None, hist=None,
+          not_found=None):
     calls = calls or [0] * len(col.OPS)
     errors = errors or [0] * len(col.OPS)
+    not_found = not_found or [0] * len(col.OPS)
     lat = lat or [0] * len(col.HISTS)
     hist = hist or [[0] * col.HIST_SLOTS for _ in col.HISTS]
-    flat = [read_bytes, write_bytes, *calls, *errors, *lat, *sum(hist, [])]
+    flat = [read_bytes, write_bytes, *calls, *errors, *not_found, *lat, *sum(hist, [])]
     assert len(flat) == col.N_FIELDS
     return struct.pack(f"{len(flat)}Q", *flat)
 
@@ -121,7 +123,8 @@ def test_keys_for_same_mount_merge_and_dev_keys_resolve(tmp_path):
         (KEY.pack(7, 40, 0), value(read_bytes=1)),
         # namespace op keyed by device (0:50 is the tmpfs)
         (KEY.pack(7, (0 << 20) | 50, col.KEY_DEV),
-         value(calls=[0, 0, 0, 0, 0, 3, 0, 0, 0], errors=[0, 0, 0, 0, 0, 1, 0, 0, 0])),
+         value(calls=[0, 0, 0, 0, 0, 3, 0, 0, 0], errors=[0, 0, 0, 0, 0, 1, 0, 0, 0],
+               not_found=[0, 0, 4, 0, 0, 2, 0, 0, 0])),
     ]
     fams = collect(items, tmp_path)
     # workload labels that do not apply are left out
@@ -135,6 +138,10 @@ def test_keys_for_same_mount_merge_and_dev_keys_resolve(tmp_path):
     assert val("tracehound_io_read_requests") == 5      # from the histogram
     assert val("tracehound_io_mkdir_requests") == 3
     assert val("tracehound_io_mkdir_errors") == 1
+    assert val("tracehound_io_mkdir_not_found") == 2
+    assert val("tracehound_io_open_not_found") == 4
+    # read, write and fsync cannot fail a name lookup: no such family
+    assert "tracehound_io_read_not_found" not in fams
     buckets = {s.labels["le"]: s.value for s in fams["tracehound_io_read_latency_seconds"].samples
                if s.name.endswith("_bucket") and s.labels["cgroup"] == "/job/7"}
     assert buckets["4.096e-06"] == 0 and buckets["8.192e-06"] == 5 and buckets["+Inf"] == 5

@@ -25,6 +25,7 @@ from tracehound.exporter.exposition import TEXT, render
 from tracehound.exporter.registry import register_all
 from tracehound.exporter.scrape import Scraper
 from tracehound.host.mounts import MountTable
+from tracehound.probes.io import LOOKUP_OPS
 from tracehound.probes.rdma_maps import MAPS as RDMA_MAPS
 from tracehound.subsystems.base import Context
 from tracehound.subsystems.io import IoSubsystem
@@ -38,7 +39,8 @@ PATHS = {1: "/", 100: "/system.slice/slurmstepd.scope/job_42/step_0/user/task_0"
          102: "/system.slice/nginx.service", 103: "/machine.slice/machine-qemu\\x2d1\\x2dvm1.scope"}
 DEAD = {103}
 # families the agent exports today that the reference scrape did not have
-NEW_FAMILIES = ("tracehound_collector_",)
+NEW_FAMILIES = ("tracehound_collector_",
+                *(f"tracehound_io_{op}_not_found" for op in LOOKUP_OPS))
 LEFT_OUT = ("tracehound_agent_allocated_blocks", "tracehound_build")
 
 

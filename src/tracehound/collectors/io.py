@@ -18,7 +18,7 @@ from ..attribution.workload import WORKLOAD_LABELS
 from ..exporter.exposition import Blocks, HistogramRows, Log2Histogram, Slices, ValueRows
 from ..exporter.series import SeriesBook
 from ..host.mounts import MountTable
-from ..probes.io import HEALTH, HIST_SLOTS, HISTS, KEY_DEV, N_FIELDS, OPS, IoKey
+from ..probes.io import HEALTH, HIST_SLOTS, HISTS, KEY_DEV, LOOKUP_OPS, N_FIELDS, OPS, IoKey
 
 # Exported bucket bounds: 2^k ns for k in 10..31 (1 us .. 2.1 s). Kernel
 # slots below 2^10 ns fold into the first bucket; slot 31 only reaches +Inf.
@@ -38,8 +38,8 @@ HISTOGRAM_LABELS = {
 }
 
 
-_CALLS, _ERRORS = 2, 2 + len(OPS)
-_LAT = 2 + 2 * len(OPS)
+_CALLS, _ERRORS, _NOT_FOUND = 2, 2 + len(OPS), 2 + 2 * len(OPS)
+_LAT = 2 + 3 * len(OPS)
 _HIST = _LAT + len(HISTS)
 _HIST_CALLS = [(OPS.index(op), _HIST + h * HIST_SLOTS) for h, op in enumerate(HISTS)]
 _ORDER = sys.byteorder             # array('Q') is in native order
@@ -200,8 +200,13 @@ class IoCollector:
         for i, op in enumerate(OPS):
             yield counter(f"{op}_requests", f"{op} calls, successful or not.",
                           [c[i] for c in calls])
-            yield counter(f"{op}_errors", f"{op} calls that returned an error.",
+            yield counter(f"{op}_errors", f"{op} calls that returned an error"
+                          + (" other than ENOENT." if op in LOOKUP_OPS else "."),
                           [s.v[_ERRORS + i] for s in rows])
+            if op in LOOKUP_OPS:
+                yield counter(f"{op}_not_found", f"{op} calls that failed with ENOENT "
+                              "(a name that does not exist: library search, rm -f).",
+                              [s.v[_NOT_FOUND + i] for s in rows])
         yield from self._histograms(samples)
         yield self._workload_info(samples)
         yield from self._health()

@@ -131,6 +131,8 @@ static __always_inline void health_inc(__u32 idx)
 		*v += 1;
 }
 
+#define ENOENT 2
+
 static __always_inline bool is_err(long ret)
 {
 	return ret < 0 && ret >= -MAX_ERRNO;
@@ -369,7 +371,12 @@ static __always_inline void account_in(struct task_struct *task, __u32 mnt, __u3
 		return;
 	if (op >= OP_MAX)
 		return;
-	if (is_err(ret))
+	/* The loader's library search, config probing and `rm -f` fail by the
+	 * thousand with ENOENT on a healthy node; kept apart, an error count
+	 * means something went wrong. */
+	if (ret == -ENOENT && op >= OP_OPEN && op <= OP_RENAME)
+		__sync_fetch_and_add(&s->not_found[op], 1);
+	else if (is_err(ret))
 		__sync_fetch_and_add(&s->errors[op], 1);
 	else if (op <= OP_WRITE)
 		__sync_fetch_and_add(&s->bytes[op], ret);

@@ -46,7 +46,8 @@ struct io_stats {
 	struct io_key owner;
 	__u64 bytes[2];          /* OP_READ, OP_WRITE: bytes actually transferred */
 	__u64 calls[OP_MAX];     /* timed calls are counted in hist instead */
-	__u64 errors[OP_MAX];
+	__u64 errors[OP_MAX];    /* every error but a name lookup's ENOENT */
+	__u64 not_found[OP_MAX]; /* ENOENT from open..rename: a name that is not there */
 	__u64 lat_sum_ns[HIST_MAX];
 	__u64 hist[HIST_MAX][HIST_SLOTS];
 };

@@ -29,6 +29,8 @@ log = logging.getLogger(__name__)
 
 # enum io_op and enum io_hist in io.h
 OPS = ("read", "write", "open", "create", "unlink", "mkdir", "rmdir", "rename", "fsync")
+# the ops whose ENOENT is counted apart from their errors (io.bpf.c account_in)
+LOOKUP_OPS = OPS[OPS.index("open"):OPS.index("rename") + 1]
 HISTS = ("read", "write", "fsync")
 HIST_SLOTS = 32
 KEY_DEV = 1                          # IO_KEY_DEV: mnt holds a device number
@@ -43,6 +45,7 @@ IO_KEY = Layout("io_key", [("cgroup_id", "Q"), ("mnt", "I"), ("flags", "I")])
 IO_STATS = Layout("io_stats", [
     ("owner", f"{IO_KEY.size}s"),
     ("bytes", "Q", 2), ("calls", "Q", len(OPS)), ("errors", "Q", len(OPS)),
+    ("not_found", "Q", len(OPS)),
     ("lat_sum_ns", "Q", len(HISTS)), ("hist", "Q", len(HISTS) * HIST_SLOTS)])
 # after the owner key every field of struct io_stats is a __u64: Python reads
 # the counters as one flat array
