@@ -9,6 +9,7 @@ import sys
 from . import __version__, defaults
 from .bpf.features import MODES
 from .errors import TracehoundError
+from .signals import HeldSignals
 
 # In the order `tracehound --help` lists them.
 COMMAND_MODULES: list[str] = ["tracehound.commands.run", "tracehound.commands.rdma_show",
@@ -35,15 +36,24 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    held = HeldSignals()
     parser = build_parser()
-    args = parser.parse_args(argv)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit:
+        held.release()
+        raise
     logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
                         format="tracehound: %(levelname)s: %(message)s")
     handler = getattr(args, "handler", None)
+    # a command that handles stop signals itself takes them over from here
+    args.held_signals = held
     if handler is None:
         parser.print_help()
         return 2
     try:
+        if not getattr(args, "takes_signals", False):
+            held.release()
         return handler(args)
     except TracehoundError as exc:
         print(f"tracehound: error: {exc}", file=sys.stderr)

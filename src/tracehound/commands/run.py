@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import signal
 import threading
 import urllib.parse
 
@@ -116,16 +115,15 @@ def add_parser(sub, hook) -> None:
                      help="how long RDMA objects may outlive their process, or the mirror "
                           f"disagree with the kernel, before it is an anomaly "
                           f"(default {defaults.RDMA_GRACE_S:g})")
-    run.set_defaults(handler=_run)
+    run.set_defaults(handler=_run, takes_signals=True)
 
 
 def _run(args) -> int:
-    # From here on the first SIGINT or SIGTERM asks the agent to stop, at
-    # every moment of its start-up: never a KeyboardInterrupt raised inside a
+    # The first SIGINT or SIGTERM (held since the command line began) asks
+    # the agent to stop, at every moment of its start-up: never a KeyboardInterrupt raised inside a
     # libbpf callback (which swallows it), never a kill in the middle of a load.
     stop = threading.Event()
-    for signum in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(signum, lambda _signum, _frame: stop.set())
+    args.held_signals.hand_over(lambda _signum: stop.set())
     from ..agent import run
     from ..config import AgentConfig
     skip = () if args.count_all_fstypes else args.skip_fstypes
