@@ -3,6 +3,7 @@ the state changes that need no special kernel feature (real child
 processes, real rlimits, real files)."""
 import os
 import resource
+import signal
 import subprocess
 import sys
 import time
@@ -109,6 +110,20 @@ def test_stop_and_continue_a_real_process(child):
     fault.rollback(prepared.state)
     assert wait_state(child.pid, "SR") in ("S", "R")
     fault.rollback(prepared.state)          # idempotent
+
+
+def test_a_process_stopped_before_the_fault_stays_stopped(child):
+    os.kill(child.pid, signal.SIGSTOP)      # stopped by someone else (a debugger, a job suspend)
+    assert wait_state(child.pid, "T") == "T"
+    try:
+        fault = catalog.get("proc.stop")
+        prepared = fault.prepare(fault.with_defaults({"pid": child.pid}), "t5")
+        fault.apply(prepared.state)
+        assert fault.rollback(prepared.state) == "left 1 process(es) stopped as found"
+        time.sleep(0.1)
+        assert targets.proc_state(child.pid) == "T"
+    finally:
+        os.kill(child.pid, signal.SIGCONT)
 
 
 def test_rollback_never_signals_a_reused_pid(child):

@@ -13,6 +13,7 @@ from tests.conftest import tracehound_cmd
 from tracehound import cli
 from tracehound.chaos import faults as catalog
 from tracehound.chaos import journal as journal_mod
+from tracehound.chaos.cli import EXIT_ROLLBACK
 from tracehound.chaos.faults import Arg, Fault, FaultError, Prepared
 
 STATE_DIR = {}
@@ -331,4 +332,29 @@ def test_a_run_that_ran_its_rollbacks_leaves_nothing_to_recover(tmp_path, test_f
     assert [r["event"] for r in records if r["event"].startswith("rollbacks-")] \
         == ["rollbacks-declared", "rollbacks-run"]
     assert cli.main(["chaos", "recover", "--journal", str(tmp_path / "journal")]) == 0
+    assert "nothing to recover" in capsys.readouterr().out
+
+
+def test_a_declared_rollback_that_fails_stays_pending_until_one_succeeds(tmp_path, capsys):
+    """Only the rollback that failed is tried again; before, the failure was
+    journaled as run and the next recover said there was nothing to do."""
+    made, ran = tmp_path / "made", tmp_path / "ran"
+    j = journal_mod.Journal(str(tmp_path / "journal"), "r1", "killed", "f")
+    j.declare_rollbacks([
+        {"type": "action", "name": "count", "provider": {
+            "type": "process", "path": "sh", "arguments": ["-c", f"echo x >> {ran}"]}},
+        {"type": "action", "name": "clean-up", "provider": {
+            "type": "python", "module": "os", "func": "remove",
+            "arguments": {"path": str(made)}}}])
+    j.close()
+    journal = str(tmp_path / "journal")
+    assert cli.main(["chaos", "recover", "--journal", journal]) == EXIT_ROLLBACK  # nothing to remove yet
+    assert "ROLLBACK FAILED: the experiment's rollback 'clean-up'" in capsys.readouterr().err
+    assert ran.read_text() == "x\n"
+    made.write_text("x")
+    assert cli.main(["chaos", "recover", "--journal", journal]) == 0
+    out = capsys.readouterr().out
+    assert "ran the experiment's rollback 'clean-up'" in out and "'count'" not in out
+    assert not made.exists() and ran.read_text() == "x\n"
+    assert cli.main(["chaos", "recover", "--journal", journal]) == 0
     assert "nothing to recover" in capsys.readouterr().out

@@ -76,8 +76,10 @@ class Journal:
         killed later still says what must be undone besides its faults."""
         self.write({"event": "rollbacks-declared", "actions": actions})
 
-    def rollbacks_run(self, by: str) -> None:
-        self.write({"event": "rollbacks-run", "by": by})
+    def rollbacks_run(self, by: str, failed: list[int] = ()) -> None:
+        """`failed`: indexes of declared rollbacks that raised; they stay
+        pending, so the next recover tries them again."""
+        self.write({"event": "rollbacks-run", "by": by, "failed": list(failed)})
 
     def close(self, status: str | None = None) -> None:
         if self._fd is None:
@@ -143,7 +145,8 @@ def pending_rollbacks(records: list[dict]) -> list[dict]:
         if r.get("event") == "rollbacks-declared":
             actions = list(r.get("actions") or [])
         elif r.get("event") == "rollbacks-run":
-            actions = []
+            failed = set(r.get("failed") or ())
+            actions = [a for i, a in enumerate(actions) if i in failed]
     return actions
 
 

@@ -39,8 +39,8 @@ def recover(directory: str, out, err) -> tuple[int, int]:
 
 
 def _declared_rollbacks(run, journal, out, err) -> tuple[int, int]:
-    done = failed = 0
-    for act in run.rollbacks:
+    done, failed = 0, []
+    for i, act in enumerate(run.rollbacks):
         provider = act.get("provider") or {}
         call = providers.GENERIC.get(provider.get("type"))
         if call is None:
@@ -49,10 +49,11 @@ def _declared_rollbacks(run, journal, out, err) -> tuple[int, int]:
             call(provider)
         except Exception as exc:   # reported; the others still run
             err(f"tracehound: ROLLBACK FAILED: the experiment's rollback '{act.get('name')}': {exc}")
-            failed += 1
+            failed.append(i)
             continue
         out(f"tracehound: ran the experiment's rollback '{act.get('name')}'")
         done += 1
     if run.rollbacks:
-        journal.rollbacks_run("recover")
-    return done, failed
+        # the ones that failed stay pending for the next recover
+        journal.rollbacks_run("recover", failed)
+    return done, len(failed)

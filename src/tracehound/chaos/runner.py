@@ -131,7 +131,8 @@ class Runner:
                 for act in self.exp.rollbacks:
                     record["rollbacks"].append(self.execute(act, "rollbacks"))
                 if self.exp.rollbacks:
-                    self.journal.rollbacks_run("run")
+                    self.journal.rollbacks_run("run", [
+                        i for i, r in enumerate(record["rollbacks"]) if r["status"] == "failed"])
                 self._pool.shutdown(wait=True)
                 if status in ("completed", "deviated", "failed"):
                     record["steady_states"]["after_rollback"] = self.hypothesis("after-rollback")

@@ -78,17 +78,34 @@ class ProcKill(_ProcessFault):
         return "irreversible: killed processes are not restarted"
 
 
+def _stopped(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] in ("T", "t")
+    except (OSError, IndexError):
+        return False
+
+
 class ProcStop(_ProcessFault):
     name = "proc.stop"
     summary = "freeze the target processes with SIGSTOP (rollback: SIGCONT)"
+
+    def prepare(self, args, fault_id):
+        prepared = super().prepare(args, fault_id)
+        # a process someone else had stopped stays stopped after the rollback
+        prepared.state["stopped_before"] = [
+            pid for pid, *_ in prepared.state["procs"] if _stopped(pid)]
+        return prepared
 
     def apply(self, state):
         self._signal(state, signal.SIGSTOP)
         return None
 
     def rollback(self, state):
-        self._signal(state, signal.SIGCONT)
-        return None
+        keep = set(state.get("stopped_before", ()))
+        self._signal({"procs": [row for row in state["procs"] if row[0] not in keep]},
+                     signal.SIGCONT)
+        return f"left {len(keep)} process(es) stopped as found" if keep else None
 
 
 class ProcStress(Fault):
