@@ -270,20 +270,27 @@ def scraped_total(text: str, name: str, **labels) -> float:
     return series(metrics, name, **labels)
 
 
-def test_once_json_matches_the_exporter(agent, cgroup_root, cgroup, tmpfs):
-    size, chunk = 5 * 2**20 + 4321, 65536
-    path = os.path.join(tmpfs, f"top-once-{uuid.uuid4().hex[:8]}")
-    mnt = mount_of(tmpfs)
-    proxy = ScrapeProxy(agent.url, lambda: run_in_cgroup(
-        cgroup_root, cgroup, [["write", path, size, chunk]]))
+def top_once_around(agent, cgroup: str, made: str, work):
+    """`top --once --json` for `cgroup` through a ScrapeProxy that runs `work`
+    between its two scrapes; removes the file `made` afterwards."""
+    proxy = ScrapeProxy(agent.url, work)
     try:
         res = subprocess.run(tracehound_cmd() + ["top", "--url", proxy.url, "--once", "--json",
                                                  "--interval", "2", "--filter", cgroup],
                              capture_output=True, text=True, timeout=60)
     finally:
         proxy.close()
-        if os.path.exists(path):
-            os.unlink(path)
+        if os.path.exists(made):
+            os.unlink(made)
+    return proxy, res
+
+
+def test_once_json_matches_the_exporter(agent, cgroup_root, cgroup, tmpfs):
+    size, chunk = 5 * 2**20 + 4321, 65536
+    path = os.path.join(tmpfs, f"top-once-{uuid.uuid4().hex[:8]}")
+    mnt = mount_of(tmpfs)
+    proxy, res = top_once_around(agent, cgroup, path, lambda: run_in_cgroup(
+        cgroup_root, cgroup, [["write", path, size, chunk]]))
     assert not proxy.errors, proxy.errors
     assert res.returncode == 0, res.stderr
     doc = json.loads(res.stdout)
@@ -319,15 +326,8 @@ def test_a_dd_loop_shows_no_errors(agent, cgroup_root, cgroup, tmpfs):
     out = os.path.join(tmpfs, f"top-dd-{uuid.uuid4().hex[:8]}")
     loop = (f'for i in $(seq 20); do dd if=/dev/zero of={out} bs=4k count=4 2>/dev/null; '
             f'cat {out}.missing 2>/dev/null; done; true')
-    proxy = ScrapeProxy(agent.url, lambda: exec_in_cgroup(cgroup_root, cgroup, ["sh", "-c", loop]))
-    try:
-        res = subprocess.run(tracehound_cmd() + ["top", "--url", proxy.url, "--once", "--json",
-                                                 "--interval", "2", "--filter", cgroup],
-                             capture_output=True, text=True, timeout=60)
-    finally:
-        proxy.close()
-        if os.path.exists(out):
-            os.unlink(out)
+    proxy, res = top_once_around(agent, cgroup, out, lambda: exec_in_cgroup(
+        cgroup_root, cgroup, ["sh", "-c", loop]))
     assert not proxy.errors and res.returncode == 0, (proxy.errors, res.stderr)
     m = agent.scrape()
     # cat's open of the missing file, 20 times; dd's own start-up may add more
