@@ -1,0 +1,40 @@
+"""RDMA port counters and link flaps on a real soft-RoCE device (rdma_rxe) in
+the Debian 6.1 VM. One boot runs the whole scenario
+(tests/vm/rdma_ports_checks.py); each of its checks comes back as its own
+test outcome here."""
+import harness
+import pytest
+
+pytestmark = pytest.mark.vm
+
+CHECKS = [
+    "rxe_sysfs_layout",
+    "reader_sees_rxe_port",
+    "pingpong_ran",
+    "reader_matches_sysfs",
+    "collector_matches_sysfs",
+    "packet_counters_grew",
+    "no_read_errors",
+    "link_flap_fired_once",
+    "link_restored_fired_once",
+    "link_flap_fired_again",
+    "flap_events_in_order",
+]
+
+
+@pytest.fixture(scope="session")
+def ports_run(tmp_path_factory):
+    return harness.run_guest_checks("rdma_ports_checks.py", tmp_path_factory.mktemp("vm-rdma-ports"),
+                                    timeout=600)
+
+
+def test_scenario_ran_to_completion(ports_run):
+    result, data = ports_run
+    assert result.returncode == 0, \
+        f"guest scenario failed (exit {result.returncode}):\n{result.output[-6000:]}"
+    assert "scenario_s" in data["timings"], result.output[-6000:]
+
+
+@pytest.mark.parametrize("name", CHECKS)
+def test_rdma_ports_check(ports_run, name):
+    harness.assert_check(*ports_run, name)
