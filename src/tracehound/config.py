@@ -18,6 +18,8 @@ class AgentConfig:
     kubelet_url: str | None = None
     mountinfo: str = defaults.MOUNTINFO
     rdma_grace_s: float = defaults.RDMA_GRACE_S
+    rdma_max_objects: int = defaults.RDMA_MAX_OBJECTS
+    rdma_app_view: bool = True
     latency_histograms: str = defaults.LATENCY_HISTOGRAMS
     # probes (of defaults.LATENCY_PROBES) whose calls are timed, unless
     # latency_histograms is off

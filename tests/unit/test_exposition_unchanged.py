@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tracehound.attribution.owners import Owners
 from tracehound.attribution.resolver import WorkloadResolver
+from tracehound.attribution.workload import WORKLOAD_LABELS
 from tracehound.collectors.io import IoCollector
 from tracehound.collectors.rdma import RdmaCollector
 from tracehound.config import AgentConfig
@@ -40,8 +41,17 @@ PATHS = {1: "/", 100: "/system.slice/slurmstepd.scope/job_42/step_0/user/task_0"
 DEAD = {103}
 # families the agent exports today that the reference scrape did not have
 NEW_FAMILIES = ("tracehound_collector_",
-                *(f"tracehound_io_{op}_not_found" for op in LOOKUP_OPS))
+                *(f"tracehound_io_{op}_not_found" for op in LOOKUP_OPS),
+                "tracehound_rdma_app_")
 LEFT_OUT = ("tracehound_agent_allocated_blocks", "tracehound_build")
+# labels families gained since: compared summed over them, series of 0 left out
+# (the reference wrote every verb, called or not; they are now per caller)
+ADDED_LABELS = {f: ("cgroup", *WORKLOAD_LABELS)
+                for f in ("tracehound_rdma_verb_calls", "tracehound_rdma_verb_errors")}
+# label values added since (new reasons of an existing family)
+ADDED_VALUES = {"tracehound_rdma_mirror_drops": ("reason", ("app_full", "counters_full")),
+                "tracehound_rdma_anomalies": ("kind", ("app_only_objects", "kernel_only_objects",
+                                                       "link_flap", "link_restored"))}
 
 
 class FixedMap:
@@ -117,6 +127,22 @@ def started_subsystems(maps):
     return [io, rdma]
 
 
+def comparable(family: str, samples) -> dict:
+    """(sample name, labels) -> value of one family's (name, labels, value)
+    samples, with what changed on purpose since the reference taken out:
+    label values added to the family, and labels added to it (summed over;
+    series of 0 left out). Labels with an empty value are left out."""
+    added = ADDED_LABELS.get(family, ())
+    label, values = ADDED_VALUES.get(family, ("", ()))
+    summed: dict = {}
+    for name, labels, value in samples:
+        if label and labels.get(label) in values:
+            continue
+        key = (name, tuple(sorted((k, v) for k, v in labels.items() if v and k not in added)))
+        summed[key] = summed.get(key, 0) + value
+    return {k: v for k, v in summed.items() if v or not added}
+
+
 def samples(text: str) -> dict[str, tuple]:
     """Family name -> (type, help, sorted samples). Labels with an empty
     value are left out (the agent no longer writes them; Prometheus treats
@@ -127,8 +153,8 @@ def samples(text: str) -> dict[str, tuple]:
     for fam in text_string_to_metric_families(text):
         if fam.name.startswith(NEW_FAMILIES) or fam.name.startswith(LEFT_OUT):
             continue
-        rows = sorted((s.name, tuple(sorted((k, v) for k, v in s.labels.items() if v)), s.value)
-                      for s in fam.samples)
+        rows = sorted((*key, v) for key, v in comparable(
+            fam.name, ((s.name, s.labels, s.value) for s in fam.samples)).items())
         out[fam.name] = (fam.type, fam.documentation, rows)
     return out
 
@@ -148,6 +174,10 @@ def test_exposition_is_unchanged_for_the_same_map_contents():
         for name in want:
             assert got[name] == want[name], f"scrape {n}: {name} differs"
         assert '=""' not in now
+        # the verbs' callers: the Slurm job and the systemd unit of the fixture
+        assert 'tracehound_rdma_verb_errors_total{cgroup="/system.slice/slurmstepd.scope/' \
+               'job_42/step_0/user/task_0",errno="ENOMEM",job_id="42",op="reg_mr",step="0",' \
+               'task="0",workload="slurm"} 2.0' in now
     # and the agent reported its collectors healthy
     health = [l for l in now.splitlines() if l.startswith("tracehound_collector_success")]
     assert len(health) == 4 and all(l.endswith(" 1.0") for l in health), health

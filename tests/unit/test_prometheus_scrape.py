@@ -18,7 +18,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 
 from tests import prometheus_server
-from tests.unit.test_exposition_unchanged import HERE, LEFT_OUT, NEW_FAMILIES, started_subsystems
+from tests.unit.test_exposition_unchanged import (HERE, LEFT_OUT, NEW_FAMILIES, comparable,
+                                                   started_subsystems)
 from tracehound.exporter.registry import register_all
 from tracehound.exporter.server import Exporter
 from tracehound.fleet.prometheus import query, wait_for
@@ -78,12 +79,17 @@ def native(exporter, tmp_path_factory):
 
 
 def series(url: str, job: str, selector: str = '__name__=~"tracehound_.+"') -> dict:
-    out = {}
+    families: dict[str, list] = {}
     for s in query(url, f'{{job="{job}",{selector}}}'):
-        labels = {k: v for k, v in s.labels.items() if k not in ("job", "instance")}
-        if labels["__name__"].startswith(NEW_FAMILIES + LEFT_OUT + ("tracehound_scrape_",)):
+        labels = {k: v for k, v in s.labels.items() if k not in ("job", "instance", "__name__")}
+        name = s.labels["__name__"]
+        if name.startswith(NEW_FAMILIES + LEFT_OUT + ("tracehound_scrape_",)):
             continue
-        out[tuple(sorted(labels.items()))] = s.value
+        family = name.removesuffix("_total")
+        families.setdefault(family, []).append((name, labels, s.value))
+    out = {}
+    for family, samples in families.items():
+        out.update(comparable(family, samples))
     return out
 
 

@@ -26,9 +26,16 @@ class FakeMap:
         return struct.pack("=Q", self._array[idx]) if idx in self._array else None
 
 
-def obj(dev, type_idx, oid, tgid, cgid, flags, comm, created=5):
+def obj(dev, type_idx, oid, tgid, cgid, flags, comm, created=5, lkey=0):
     return (c.OBJ_KEY.pack(dev, type_idx, oid, 0),
-            c.OBJ_VALUE.pack(cgid, created, tgid, flags, comm.encode()))
+            c.OBJ_VALUE.pack(cgid, created, tgid, flags, comm.encode(), lkey, 0))
+
+
+def app_obj(tgid, type_idx, handle, context, ident, device=b"rxe0", release_err=0):
+    flags = c.APP_F_RELEASE_FAILED if release_err else 0
+    return (c.APP_KEY.pack(tgid, type_idx, handle),
+            c.APP_VALUE.pack(context, 5, 42, 9 if release_err else 0, ident, flags, release_err, 0,
+                             b"trainer", device))
 
 
 def maps():
@@ -36,16 +43,30 @@ def maps():
     return {
         "rdma_objects": FakeMap([
             obj(0, types["qp"], 17, 300, 42, c.OBJ_F_USER, "trainer"),
-            obj(0, types["mr"], 0, 300, 42, c.OBJ_F_USER, "trainer"),
+            obj(0, types["mr"], 0, 300, 42, c.OBJ_F_USER, "trainer", lkey=0x1234),
             obj(0, types["pd"], 0, 0, 0, c.OBJ_F_SEEDED, "ib_core", created=0),
             obj(1, types["cq"], 3, 301, 43, c.OBJ_F_USER | c.OBJ_F_SEEDED, "other"),
         ]),
         "rdma_verbs": FakeMap([
-            (c.VERB_KEY.pack(c.OPS.index("reg_mr"), 0), struct.pack("=Q", 5)),
-            (c.VERB_KEY.pack(c.OPS.index("reg_mr"), 12), struct.pack("=Q", 2)),     # ENOMEM
-            (c.VERB_KEY.pack(c.OPS.index("create_cq"), 11), struct.pack("=Q", 1)),  # EAGAIN
-            (c.VERB_KEY.pack(c.OPS.index("destroy_qp"), 16), struct.pack("=Q", 1)),  # EBUSY
+            (c.VERB_KEY.pack(c.OPS.index("reg_mr"), 0, 42), struct.pack("=Q", 4)),
+            (c.VERB_KEY.pack(c.OPS.index("reg_mr"), 0, 43), struct.pack("=Q", 1)),
+            (c.VERB_KEY.pack(c.OPS.index("reg_mr"), 12, 42), struct.pack("=Q", 2)),     # ENOMEM
+            (c.VERB_KEY.pack(c.OPS.index("create_cq"), 11, 43), struct.pack("=Q", 1)),  # EAGAIN
+            (c.VERB_KEY.pack(c.OPS.index("destroy_qp"), 16, 42), struct.pack("=Q", 1)),  # EBUSY
         ]),
+        "app_objects": FakeMap([
+            app_obj(300, types["ctx"], 0x1000, 0x1000, 0),
+            app_obj(300, types["qp"], 0x2000, 0x1000, 17),
+            app_obj(300, types["cq"], 0x3000, 0x1000, 4, release_err=16),
+        ]),
+        "app_verbs": FakeMap([
+            (c.APP_VERB_KEY.pack(c.OPS.index("create_qp"), 0, 42, b"rxe0"), struct.pack("=Q", 3)),
+            (c.APP_VERB_KEY.pack(c.OPS.index("destroy_cq"), 16, 42, b"rxe0"),
+             struct.pack("=Q", 1)),
+            (c.APP_VERB_KEY.pack(c.OPS.index("reg_mr"), c.APP_ERR_UNKNOWN, 42, b"rxe0"),
+             struct.pack("=Q", 2)),
+        ]),
+        "app_closed": FakeMap([(c.APP_KEY.pack(300, types["ctx"], 0x9000), struct.pack("=Q", 1))]),
         "rdma_events": FakeMap([
             (c.EVENT_KEY.pack(0, 1, c.EVENTS.index("PORT_ERR"), 0), struct.pack("=Q", 2)),
             (c.EVENT_KEY.pack(0, 1, 99, 0), struct.pack("=Q", 1)),   # newer kernel's event
@@ -57,12 +78,29 @@ def maps():
 
 
 class FakeProbe:
+    def __init__(self):
+        self.retired = []
+
     def snapshot(self, objects=True):
         return c.read_snapshot(maps(), objects)
 
+    def retire_counters(self, cgroup_ids):
+        self.retired.append(cgroup_ids)
+
+    def app_libraries(self):
+        return ["/usr/lib/x86_64-linux-gnu/libibverbs.so.1.14.44.0"]
+
 
 class FakeCgroups:
+    gone = frozenset()
+
     def new_scrape(self):
+        pass
+
+    def alive(self, cgid):
+        return cgid not in self.gone
+
+    def forget(self, cgid):
         pass
 
     def path(self, cgid):
@@ -91,10 +129,18 @@ def test_snapshot_decodes_every_map():
         ("qp", 17, 300, "trainer", True, False), ("mr", 0, 300, "trainer", True, False),
         ("pd", 0, 0, "ib_core", False, True), ("cq", 3, 301, "other", True, True)]
     assert snap.calls("reg_mr") == 7
-    assert snap.errors() == {("reg_mr", 12): 2, ("create_cq", 11): 1, ("destroy_qp", 16): 1}
+    assert snap.errors() == {("reg_mr", 12, 42): 2, ("create_cq", 11, 43): 1,
+                             ("destroy_qp", 16, 42): 1}
+    assert snap.objects[1].lkey == 0x1234
+    assert [(a.type, a.ident, a.device, a.release_failed) for a in snap.app_objects] == [
+        ("ctx", 0, "rxe0", False), ("qp", 17, "rxe0", False), ("cq", 4, "rxe0", True)]
+    assert snap.app_objects[2].release_err == 16 and snap.app_objects[2].context == 0x1000
+    assert snap.app_verbs[("reg_mr", c.APP_ERR_UNKNOWN, 42, "rxe0")] == 2
+    assert snap.app_closed == {(300, 0x9000)}
     assert snap.events == {(0, 1, "PORT_ERR"): 2, (0, 1, "99"): 1}
     assert snap.qp_states["INIT"] == 3 and snap.qp_states["RESET"] == 0
-    assert snap.health == {"objects_full": 0, "unknown_del": 4, "pending_full": 0}
+    assert snap.health == {"objects_full": 0, "unknown_del": 4, "pending_full": 0,
+                           "app_full": 0, "counters_full": 0}
     assert snap.object_counts() == {(0, "qp"): 1, (0, "mr"): 1, (0, "pd"): 1, (1, "cq"): 1}
     assert snap.device_name(0) == "rxe0" and snap.device_name(1) == "dev1"
     assert c.read_snapshot(maps(), objects=False).objects == []
@@ -117,10 +163,25 @@ def test_collector_metric_families():
         ("tracehound_rdma_objects", (("cgroup", "kernel"), ("device", "rxe0"), ("type", "pd"))): 1,
         ("tracehound_rdma_objects", (("cgroup", "/job/b"), ("device", "dev1"), ("type", "cq"))): 1,
     }
-    assert m[("tracehound_rdma_verb_calls_total", (("op", "reg_mr"),))] == 7
-    assert m[("tracehound_rdma_verb_calls_total", (("op", "create_srq"),))] == 0
-    assert m[("tracehound_rdma_verb_errors_total", (("errno", "ENOMEM"), ("op", "reg_mr")))] == 2
-    assert m[("tracehound_rdma_verb_errors_total", (("errno", "EAGAIN"), ("op", "create_cq")))] == 1
+    def owned(name, **labels):
+        return {k: v for k, v in m.items() if k[0] == name
+                and labels.items() <= {kv for kv in k[1] if kv[1]}}
+    assert list(owned("tracehound_rdma_verb_calls_total", op="reg_mr", cgroup="/job/a").values()) \
+        == [6]
+    assert list(owned("tracehound_rdma_verb_calls_total", op="reg_mr", cgroup="/job/b").values()) \
+        == [1]
+    assert not owned("tracehound_rdma_verb_calls_total", op="create_srq")   # never called
+    assert list(owned("tracehound_rdma_verb_errors_total", errno="ENOMEM", op="reg_mr",
+                      cgroup="/job/a").values()) == [2]
+    assert list(owned("tracehound_rdma_verb_errors_total", errno="EAGAIN", op="create_cq",
+                      cgroup="/job/b").values()) == [1]
+    # the application's view
+    assert list(owned("tracehound_rdma_app_objects", type="qp", device="rxe0",
+                      cgroup="/job/a").values()) == [1]
+    assert list(owned("tracehound_rdma_app_verb_errors_total", op="reg_mr", errno="userspace",
+                      device="rxe0").values()) == [2]
+    assert list(owned("tracehound_rdma_app_verb_calls_total", op="destroy_cq").values()) == [1]
+    assert list(owned("tracehound_rdma_app_libraries").values()) == [1]
     assert m[("tracehound_rdma_async_events_total",
               (("device", "rxe0"), ("event", "PORT_ERR"), ("port", "1")))] == 2
     assert m[("tracehound_rdma_qp_transitions_total", (("to_state", "RTS"),))] == 2
@@ -192,3 +253,35 @@ def test_rows_name_their_workload_and_filter_by_job(tmp_path):
     assert "job 77.1" in format_view(view)
     only = label_workloads(ProcessView(list(rows), []), resolver, "77", proc_root=str(tmp_path))
     assert [r.pid for r in only.rows] == [10]
+
+
+def test_counters_of_a_removed_cgroup_are_exported_once_more_then_retired():
+    cgroups = FakeCgroups()
+    cgroups.gone = {43}
+    probe = FakeProbe()
+    m = scrape(RdmaCollector(probe, make_owners(cgroups)))
+    assert any(dict(k[1]).get("cgroup") == "/job/b" for k in m
+               if k[0] == "tracehound_rdma_verb_errors_total")        # its last values
+    assert probe.retired == [{43}]
+
+
+def test_process_view_adds_the_applications_view_as_a_third_column():
+    kernel = kernel_view.parse_objects("qp", QPS) + [
+        kernel_view.KernelObject(0, "rxe0", "mr", 5, 319, "python3", lkey=0x77),
+        kernel_view.KernelObject(0, "rxe0", "cq", 2, 319, "python3")]
+
+    def app(kind, handle, ident, release_err=0):
+        return c.AppObject(319, kind, handle, 0x10, "rxe0", ident, 42, 1, "python3", release_err)
+    apps = [app("qp", 0x20, 17), app("mr", 0x30, 0x77), app("cq", 0x40, 9, release_err=16),
+            app("qp", 0x50, 18)]                 # a QP the kernel does not have
+    view = build_view(kernel, [], {0: "rxe0"}, pid=319, app_objects=apps)
+    rows = {(r.type, r.id): r for r in view.rows}
+    assert rows[("qp", 17)].in_app == "yes" and rows[("mr", 5)].in_app == "yes"
+    assert rows[("cq", 2)].in_app == "released"
+    assert rows[("qp", 18)].in_app == "yes" and not rows[("qp", 18)].in_kernel
+    assert view.counts()["qp"] == (1, 0, 2)
+    text = format_view(view)
+    assert "objects (kernel/mirror/app): cq 1/0/0, mr 1/0/1, qp 1/0/2" in text
+    assert " released " in text
+    # without an application view the column says it does not know
+    assert "objects (kernel/mirror): " in format_view(build_view(kernel, [], {0: "rxe0"}, pid=319))

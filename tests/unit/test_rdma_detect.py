@@ -67,12 +67,13 @@ def test_kernel_owned_and_seeded_kernel_objects_never_leak():
 
 def test_failed_destroys_fire_for_every_new_failure():
     det, _ = detector()
-    assert det.check_counters(snap(verbs={("destroy_qp", 0): 5}), now=0) == []
-    fired = det.check_counters(snap(verbs={("destroy_qp", 0): 5, ("destroy_qp", 16): 1}), now=1)
+    assert det.check_counters(snap(verbs={("destroy_qp", 0, 7): 5}), now=0) == []
+    fired = det.check_counters(snap(verbs={("destroy_qp", 0, 7): 5, ("destroy_qp", 16, 7): 1}), now=1)
     assert kinds(fired) == ["destroy_failed"]
     assert fired[0]["op"] == "destroy_qp" and fired[0]["errno"] == "EBUSY"
-    assert det.check_counters(snap(verbs={("destroy_qp", 16): 1}), now=2) == []
-    fired = det.check_counters(snap(verbs={("destroy_qp", 16): 3}), now=3)
+    assert fired[0]["cgroup"] == "/job/7"                      # the caller's cgroup
+    assert det.check_counters(snap(verbs={("destroy_qp", 16, 7): 1}), now=2) == []
+    fired = det.check_counters(snap(verbs={("destroy_qp", 16, 7): 3}), now=3)
     assert fired[0]["failures"] == 2 and fired[0]["total"] == 3
     # destroy failures are not also reported as a burst
     assert det.counts()["error_burst"] == 0
@@ -80,7 +81,7 @@ def test_failed_destroys_fire_for_every_new_failure():
 
 def test_error_burst_fires_once_per_burst_and_rearms_after_a_quiet_window():
     det, _ = detector(burst_window_s=10, burst_threshold=3)
-    enomem = ("reg_mr", 12)
+    enomem = ("reg_mr", 12, 7)
     assert det.check_counters(snap(verbs={enomem: 1}), now=0) == []
     assert det.check_counters(snap(verbs={enomem: 2}), now=1) == []
     fired = det.check_counters(snap(verbs={enomem: 3}), now=2)
@@ -95,12 +96,12 @@ def test_error_burst_fires_once_per_burst_and_rearms_after_a_quiet_window():
 def test_slow_trickle_of_errors_is_not_a_burst():
     det, _ = detector(burst_window_s=10, burst_threshold=3)
     for i in range(1, 8):
-        assert det.check_counters(snap(verbs={("create_qp", 11): i}), now=i * 6) == []
+        assert det.check_counters(snap(verbs={("create_qp", 11, 7): i}), now=i * 6) == []
 
 
 def test_a_single_error_is_a_burst_at_the_default_threshold():
     det, _ = detector()
-    fired = det.check_counters(snap(verbs={("reg_mr", 12): 1}), now=0.25)
+    fired = det.check_counters(snap(verbs={("reg_mr", 12, 7): 1}), now=0.25)
     assert kinds(fired) == ["error_burst"] and fired[0]["op"] == "reg_mr"
 
 
@@ -150,10 +151,11 @@ def test_anomaly_metric_exports_every_kind_from_zero():
 def test_events_are_json_lines_on_the_events_logger(caplog):
     det = d.RdmaDetector(alive=lambda pid: False)
     with caplog.at_level(logging.WARNING, logger="tracehound.events"):
-        det.check_counters(snap(verbs={("reg_mr", 12): 1}), now=0)
+        det.check_counters(snap(verbs={("reg_mr", 12, 7): 1}), now=0)
     event = json.loads(caplog.records[0].getMessage())
     assert event["event"] == "rdma_anomaly" and event["kind"] == "error_burst"
     assert event["op"] == "reg_mr" and event["errno"] == "ENOMEM" and "time" in event
+    assert event["cgroup"] == "7"        # the default cgroup_path: the id as text
 
 
 class FakeProbe:

@@ -299,12 +299,14 @@ def _kill(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def run_guest_checks(script: str, results: Path, timeout: float) -> tuple[VmResult, dict]:
-    """Boot once, run tests/vm/SCRIPT RESULTS as root in the guest, and read
-    back the checks.json it writes as it goes (what it decided before a
+def run_guest_checks(script: str, results: Path, timeout: float,
+                     args: tuple[str, ...] = ()) -> tuple[VmResult, dict]:
+    """Boot once, run tests/vm/SCRIPT RESULTS [ARGS] as root in the guest, and
+    read back the checks.json it writes as it goes (what it decided before a
     crash or a timeout still comes back)."""
     repo = Path(__file__).resolve().parents[2]
-    result = run_in_vm(f"{sys.executable} tests/vm/{script} {results}", timeout=timeout,
+    extra = "".join(f" {a}" for a in args)
+    result = run_in_vm(f"{sys.executable} tests/vm/{script} {results}{extra}", timeout=timeout,
                        cwd=repo, writable=[results])
     report = results / "checks.json"
     data = (json.loads(report.read_text()) if report.exists()

@@ -175,6 +175,12 @@ class App:
         self.proc.wait(timeout=60)
 
 
+def kernel_modes(agent: Agent) -> dict[str, str]:
+    """Hook mode of each kernel-side RDMA probe (rdma.app is the uprobes)."""
+    return {ln.split()[2]: ln.split()[4] for ln in agent.out.lines
+            if ln.startswith("tracehound: probe rdma.") and ln.split()[2] != "rdma.app"}
+
+
 def kernel_counts(pid: int) -> dict[str, int]:
     out: dict[str, int] = {}
     for o in kernel_view.objects(pid=pid):
@@ -242,8 +248,9 @@ def objects_scenario(c: Checks, agent: Agent, prefix: str = "") -> None:
         show = subprocess.run([PY, "-m", "tracehound", "rdma", "show", "--pid", str(app.pid)],
                               capture_output=True, text=True, check=False)
         rows = [ln.split() for ln in show.stdout.splitlines()]
-        # KERNEL and MIRROR are the two columns before AGE
-        both = {r[1] for r in rows if len(r) >= 8 and r[-3] == "yes" and r[-2] == "yes"}
+        # KERNEL, MIRROR and APP are the three columns before AGE
+        both = {r[1] for r in rows if len(r) >= 9 and r[-4] == "yes" and r[-3] == "yes"
+                and r[-2] == "yes"}
         c.record("rdma_show_cli", show.returncode == 0 and both >= set(TYPES),
                  f"rc {show.returncode}; in both views: {sorted(both)}\n{show.stdout}{show.stderr}")
     app.exit()
@@ -272,13 +279,14 @@ def anomaly_events(agent: Agent, kind: str, **fields) -> list[dict]:
 
 
 def memlock_scenario(c: Checks, agent: Agent, prefix: str = "") -> None:
-    before = agent.value("tracehound_rdma_verb_errors_total", op="reg_mr", errno="ENOMEM")
+    mine = {"op": "reg_mr", "errno": "ENOMEM", "cgroup": "/rdmatest/app"}   # the caller's cgroup
+    before = agent.value("tracehound_rdma_verb_errors_total", **mine)
     seen_events = len(anomaly_events(agent, "error_burst", op="reg_mr"))
     wrap = [*NO_CAP_IPC_LOCK, "prlimit", "--memlock=65536:65536"]
     app = App("/rdmatest/app", "--mr-size", str(1 << 20), wrap=wrap)
     failed = app.result["steps"].get("mr")
-    counted = wait_until(lambda: agent.value("tracehound_rdma_verb_errors_total", op="reg_mr",
-                                             errno="ENOMEM") > before, 5, 0.05)
+    counted = wait_until(lambda: agent.value("tracehound_rdma_verb_errors_total", **mine) > before,
+                         5, 0.05)
     c.record(prefix + "reg_mr_enomem_counted", failed == "ENOMEM" and counted,
              f"app steps {app.result['steps']}; counter grew: {bool(counted)}")
     if not prefix:
@@ -303,7 +311,8 @@ def rdmacg_scenario(c: Checks, agent: Agent) -> None:
     failed = next(((s, r) for s, r in steps.items() if r != "ok"), None)
     op = STEP_OP.get(failed[0]) if failed else None
     counted = op and wait_until(lambda: agent.value("tracehound_rdma_verb_errors_total", op=op,
-                                                    errno="EAGAIN") >= 1, 5)
+                                                    errno="EAGAIN",
+                                                    cgroup="/rdmatest/limited") >= 1, 5)
     c.record("rdmacg_eagain_counted", failed is not None and failed[1] == "EAGAIN" and counted,
              f"app steps {steps}; counted as {op}/EAGAIN: {bool(counted)}; errors "
              f"{agent.by_label('tracehound_rdma_verb_errors_total', 'errno')}")
@@ -354,7 +363,7 @@ def main(results: Path) -> int:
     agent = Agent()
     c.timing("agent_start_s", time.monotonic() - t0)
     try:
-        modes = {ln.split()[2]: ln.split()[4] for ln in agent.out.lines if ln.startswith("tracehound: probe rdma.")}
+        modes = kernel_modes(agent)
         c.record("fentry_mode_attached", modes and set(modes.values()) == {"fentry"},
                  modes or agent.out.text())
         agree = wait_until(lambda: not totals_agree(agent), 10, 0.5)
@@ -379,7 +388,7 @@ def main(results: Path) -> int:
     agent = Agent("--hook-mode", "kprobe")
     c.timing("kprobe_agent_start_s", time.monotonic() - t1)
     try:
-        modes = {ln.split()[2]: ln.split()[4] for ln in agent.out.lines if ln.startswith("tracehound: probe rdma.")}
+        modes = kernel_modes(agent)
         c.record("kprobe_mode_attached", modes and set(modes.values()) == {"kprobe"},
                  modes or agent.out.text())
         objects_scenario(c, agent, prefix="kprobe_")

@@ -55,6 +55,7 @@ _SIGNATURES = {
     "bpf_program__autoload": (ctypes.c_bool, [c_void_p]),
     "bpf_program__set_attach_target": (c_int, [c_void_p, c_int, c_char_p]),
     "bpf_program__attach": (c_void_p, [c_void_p]),
+    "bpf_program__attach_uprobe": (c_void_p, [c_void_p, ctypes.c_bool, c_int, c_char_p, c_size_t]),
     "bpf_program__fd": (c_int, [c_void_p]),
     "bpf_link__destroy": (c_int, [c_void_p]),
     "bpf_map__fd": (c_int, [c_void_p]),

@@ -75,6 +75,18 @@ class Program:
                              _log_excerpt(libbpf.take_log(), self.name, 8))
         return Link(link, self)
 
+    def attach_uprobe(self, path: str, offset: int, retprobe: bool = False) -> "Link":
+        """Attach to the function at file `offset` of `path`, in every process."""
+        lb = libbpf.lib()
+        ctypes.set_errno(0)
+        link = lb.bpf_program__attach_uprobe(self._ptr, retprobe, -1, path.encode(), offset)
+        if not link:
+            err = libbpf.errno_of()
+            hook = f"{'uretprobe' if retprobe else 'uprobe'}/{path}:{offset:#x}"
+            raise ProbeError(self.name, hook, "attach failed: " + libbpf.strerror(err),
+                             _log_excerpt(libbpf.take_log(), self.name, 8))
+        return Link(link, self)
+
 
 class Link:
     def __init__(self, ptr: int, program: Program):
@@ -281,8 +293,10 @@ class BpfObject:
         self.loaded = True
 
     def attach_all(self) -> None:
+        """Every loaded program whose section names its hook; uprobes name no
+        file and are attached by their probe (Program.attach_uprobe)."""
         for prog in self.programs.values():
-            if prog.autoload:
+            if prog.autoload and prog.section not in ("uprobe", "uretprobe"):
                 self.links.append(prog.attach())
 
     def close(self) -> None:

@@ -5,7 +5,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..attribution.owners import Owners
 from ..attribution.workload import WORKLOAD_LABELS
-from ..probes.rdma_maps import HEALTH, OPS, QP_STATES, MirrorObject, errno_name
+from ..probes.rdma_maps import HEALTH, QP_STATES, MirrorObject, errno_name
 
 KERNEL_OWNER = "kernel"                 # cgroup label of objects a kernel module owns
 
@@ -45,21 +45,33 @@ class RdmaCollector:
             counts[key] = counts.get(key, 0) + n
         for labels, n in sorted(counts.items()):
             objects.add_metric(list(labels), n)
-        self.owners.retain(self.name, {o.cgroup_id for o in snap.objects if o.user})
         yield objects
 
+        owner = ["cgroup", *WORKLOAD_LABELS]
         calls = CounterMetricFamily("tracehound_rdma_verb_calls",
                                     "User verbs that reached the kernel, successful or not.",
-                                    labels=["op"])
+                                    labels=["op", *owner])
         errors = CounterMetricFamily("tracehound_rdma_verb_errors",
                                      "User verbs that returned an error, by errno.",
-                                     labels=["op", "errno"])
-        for op in OPS:
-            calls.add_metric([op], snap.calls(op))
-        for (op, err), n in sorted(snap.errors().items()):
-            errors.add_metric([op, errno_name(err)], n)
+                                     labels=["op", "errno", *owner])
+        per_call: dict[tuple, int] = {}
+        for (op, err, cgid), n in snap.verbs.items():
+            key = (op, *self.owners.labels(cgid))
+            per_call[key] = per_call.get(key, 0) + n
+        for key, n in sorted(per_call.items()):
+            calls.add_metric(list(key), n)
+        for (op, err, cgid), n in sorted(snap.errors().items()):
+            errors.add_metric([op, errno_name(err), *self.owners.labels(cgid)], n)
         yield calls
         yield errors
+        yield from self._app_view(snap, owner)
+        # counters of removed cgroups were exported above for the last time
+        counted = {k[2] for k in snap.verbs} | {k[2] for k in snap.app_verbs}
+        gone = {cgid for cgid in counted if not self.owners.alive(cgid)}
+        if gone:
+            self.probe.retire_counters(gone)
+        self.owners.retain(self.name, {o.cgroup_id for o in snap.objects if o.user}
+                           | {o.cgroup_id for o in snap.app_objects} | (counted - gone), gone)
 
         events = CounterMetricFamily("tracehound_rdma_async_events",
                                      "Asynchronous events the RDMA core dispatched.",
@@ -82,4 +94,41 @@ class RdmaCollector:
             health.add_metric([name], snap.health.get(name, 0))
         yield health
 
-
+    def _app_view(self, snap, owner: list):
+        """What libibverbs handed processes, and its calls (uprobes)."""
+        libraries = GaugeMetricFamily(
+            "tracehound_rdma_app_libraries",
+            "libibverbs files the application view is attached to (a container's copy is "
+            "named through /proc/PID/root).", labels=["path"])
+        for path in self.probe.app_libraries():
+            libraries.add_metric([path], 1)
+        yield libraries
+        objects = GaugeMetricFamily(
+            "tracehound_rdma_app_objects",
+            "RDMA objects processes hold as libibverbs handed them (the application's view).",
+            labels=["device", "type", *owner])
+        counts: dict[tuple, int] = {}
+        for o in snap.app_objects:
+            key = (o.device, o.type, *self.owners.labels(o.cgroup_id))
+            counts[key] = counts.get(key, 0) + 1
+        for key, n in sorted(counts.items()):
+            objects.add_metric(list(key), n)
+        yield objects
+        calls = CounterMetricFamily("tracehound_rdma_app_verb_calls",
+                                    "libibverbs create, destroy and modify calls, successful "
+                                    "or not.", labels=["op", "device", *owner])
+        errors = CounterMetricFamily(
+            "tracehound_rdma_app_verb_errors",
+            "libibverbs calls that failed, by errno ('userspace': a create refused before any "
+            "kernel call failed, whose errno is not seen).", labels=["op", "errno", "device", *owner])
+        per_call: dict[tuple, int] = {}
+        for (op, err, cgid, dev), n in sorted(snap.app_verbs.items()):
+            labels = self.owners.labels(cgid)
+            key = (op, dev, *labels)
+            per_call[key] = per_call.get(key, 0) + n
+            if err:
+                errors.add_metric([op, errno_name(err), dev, *labels], n)
+        for key, n in sorted(per_call.items()):
+            calls.add_metric(list(key), n)
+        yield calls
+        yield errors

@@ -15,6 +15,7 @@ from ..host.mounts import DEFAULT_SKIP_FSTYPES
 MAX_ENTRIES = 1 << 22
 MAX_SERIES = 10_000_000
 MAX_GRACE_S = 24 * 3600.0
+MAX_RDMA_OBJECTS = 1 << 20
 
 
 def _fstypes(value: str) -> tuple[str, ...]:
@@ -115,6 +116,15 @@ def add_parser(sub, hook) -> None:
                      help="how long RDMA objects may outlive their process, or the mirror "
                           f"disagree with the kernel, before it is an anomaly "
                           f"(default {defaults.RDMA_GRACE_S:g})")
+    run.add_argument("--rdma-max-objects",
+                     type=_count(1, MAX_RDMA_OBJECTS, " (about 250 bytes of kernel memory each)"),
+                     default=defaults.RDMA_MAX_OBJECTS, metavar="N",
+                     help="capacity of the kernel's and the applications' RDMA object tables; "
+                          "objects past it are counted in tracehound_rdma_mirror_drops_total "
+                          f"(default {defaults.RDMA_MAX_OBJECTS})")
+    run.add_argument("--rdma-app-view", choices=("on", "off"), default="on",
+                     help="uprobes on libibverbs for the applications' view of their RDMA "
+                          "objects and verb errors (default on)")
     run.set_defaults(handler=_run, takes_signals=True)
 
 
@@ -129,6 +139,8 @@ def _run(args) -> int:
     skip = () if args.count_all_fstypes else args.skip_fstypes
     return run(AgentConfig(args.listen, args.hook_mode, skip, args.max_entries, args.max_series,
                            args.pod_logs_dir, args.kubelet_url, rdma_grace_s=args.rdma_grace,
+                           rdma_max_objects=args.rdma_max_objects,
+                           rdma_app_view=args.rdma_app_view == "on",
                            mountinfo=args.mountinfo,
                            latency_histograms=args.latency_histograms,
                            latency=args.latency), stop=stop)

@@ -6,9 +6,14 @@
   destroy_failed   a destroy verb returned an error (the object stays)
   mirror_mismatch  the BPF mirror and `rdma resource show` disagree on how many
                    objects of a type a device holds, beyond the grace period
-  error_burst      errors of one (op, errno) within a sliding window reached
-                   the threshold
+  app_only_objects     a process holds objects (by libibverbs) the kernel does
+                       not, beyond the grace period (rdma_views.py)
+  kernel_only_objects  the kernel holds objects of a process that the process
+                       released with a destroy that failed, or never saw
+  error_burst      errors of one (op, errno) in one cgroup within a sliding
+                   window reached the threshold
   port_error, device_fatal, qp_error   the matching asynchronous events
+  link_flap, link_restored             a port left ACTIVE and came back (rdma_ports.py)
 
 Each anomaly is one JSON line on the `tracehound.events` logger and one
 increment of tracehound_rdma_anomalies_total{kind}. Rules fire on a
@@ -26,13 +31,17 @@ from dataclasses import dataclass
 from prometheus_client.core import CounterMetricFamily
 
 from .. import defaults
-from ..probes.rdma_maps import DESTROY_OPS, RdmaSnapshot, errno_name
+from ..probes.rdma_app import mapped_by
+from ..probes.rdma_maps import DESTROY_OPS, RdmaSnapshot, app_key, errno_name
 from . import log_event, now_iso
+from .rdma_ports import KINDS as PORT_KINDS
+from .rdma_views import IDENTITY, Comparison, compare
 
 log = logging.getLogger(__name__)
 
-KINDS = ("leaked_objects", "destroy_failed", "mirror_mismatch", "error_burst",
-         "port_error", "device_fatal", "qp_error")
+KINDS = ("leaked_objects", "destroy_failed", "mirror_mismatch", "app_only_objects",
+         "kernel_only_objects", "error_burst", "port_error", "device_fatal", "qp_error",
+         *PORT_KINDS)
 EVENT_KIND = {"PORT_ERR": "port_error", "DEVICE_FATAL": "device_fatal",
               "QP_FATAL": "qp_error", "QP_REQ_ERR": "qp_error", "QP_ACCESS_ERR": "qp_error"}
 
@@ -80,11 +89,13 @@ class _Persisting:
 class RdmaDetector:
     def __init__(self, config: RdmaDetectorConfig | None = None, emit: Emit = log_event,
                  alive: Callable[[int], bool] = pid_alive,
-                 cgroup_path: Callable[[int], str] = str):
+                 cgroup_path: Callable[[int], str] = str,
+                 workload: Callable[[str], dict] = lambda path: {}):
         self.config = config or RdmaDetectorConfig()
         self.emit = emit
         self.alive = alive
         self.cgroup_path = cgroup_path
+        self.workload = workload
         self._lock = threading.Lock()
         self._counts = dict.fromkeys(KINDS, 0)
         self._started: float | None = None
@@ -94,6 +105,7 @@ class RdmaDetector:
         self._bursting: set[tuple[str, int]] = set()
         self._events: dict[tuple[int, int, str], int] = {}
         self._diverged = _Persisting()     # mirror vs kernel, by (device, type)
+        self._views = _Persisting()        # app vs kernel, by (tgid, device, type, side)
 
     def counts(self) -> dict[str, int]:
         with self._lock:
@@ -111,6 +123,18 @@ class RdmaDetector:
             fam.add_metric([kind], n)
         return fam
 
+    def owner(self, cgroup_id: int) -> dict:
+        """cgroup and workload fields of an event about cgroup `cgroup_id`."""
+        path = self.cgroup_path(cgroup_id)
+        return {"cgroup": path, **self.workload(path)}
+
+    def fire(self, kind: str, **detail) -> dict:
+        """Report an anomaly found outside this detector's own rules."""
+        fired: list = []
+        with self._lock:
+            self._fire(kind, fired, **detail)
+        return fired[0]
+
     def _fire(self, kind: str, fired: list, **detail) -> None:
         self._counts[kind] += 1
         event = {"time": now_iso(), "event": "rdma_anomaly", "kind": kind, **detail}
@@ -123,14 +147,19 @@ class RdmaDetector:
         with self._lock:
             if self._started is None:
                 self._started = now
-            for key, count in snap.errors().items():
-                op, err = key
+            errors = snap.errors()
+            for key in [k for k in self._verbs if k not in errors]:   # retired with their cgroup
+                del self._verbs[key]
+                self._history.pop(key, None)
+                self._bursting.discard(key)
+            for key, count in errors.items():
+                op, err, cgroup_id = key
                 grew = count - self._verbs.get(key, 0)
                 self._verbs[key] = count
                 if op in DESTROY_OPS:
                     if grew > 0:
                         self._fire("destroy_failed", fired, op=op, errno=errno_name(err),
-                                   failures=grew, total=count)
+                                   failures=grew, total=count, **self.owner(cgroup_id))
                     continue
                 self._check_burst(key, count, now, fired)
             for key, count in snap.events.items():
@@ -153,9 +182,9 @@ class RdmaDetector:
         in_window = count - history[0][1]
         if in_window >= self.config.burst_threshold and key not in self._bursting:
             self._bursting.add(key)
-            op, err = key
+            op, err, cgroup_id = key
             self._fire("error_burst", fired, op=op, errno=errno_name(err), errors=in_window,
-                       window_s=window)
+                       window_s=window, **self.owner(cgroup_id))
         elif in_window == 0:
             self._bursting.discard(key)
 
@@ -179,11 +208,53 @@ class RdmaDetector:
                     by_type: dict[str, int] = {}
                     for o in objs:
                         by_type[o.type] = by_type.get(o.type, 0) + 1
+                    unreleased = sum(1 for a in snap.app_objects if a.tgid == tgid)
                     self._fire("leaked_objects", fired, pid=tgid, comm=objs[0].comm,
-                               cgroup=self.cgroup_path(objs[0].cgroup_id),
+                               **self.owner(objs[0].cgroup_id),
                                devices=sorted({snap.device_name(o.device) for o in objs}),
-                               objects=by_type, exited_for_s=round(now - since, 1))
+                               objects=by_type, exited_for_s=round(now - since, 1),
+                               **({"app_never_released": unreleased} if unreleased else {}))
         return fired
+
+    # -- the application's view against the kernel's ----------------------
+    def check_views(self, snap: RdmaSnapshot, now: float, since_ns: int) -> Comparison:
+        """Compare what libibverbs handed each process with the kernel's
+        objects; returns the comparison (its stale records are to drop)."""
+        cmp = compare(snap, since_ns)
+        fired: list[dict] = []
+        seen = set()
+        with self._lock:
+            for d in cmp.disagreements:
+                # a process that exited: the kernel freed its objects, its own
+                # records wait to be dropped (the leak rule watches the kernel)
+                if not self.alive(d.tgid):
+                    continue
+                base = {"pid": d.tgid, "comm": d.comm, **self.owner(d.cgroup_id),
+                        "device": d.device, "type": d.type}
+                ident = IDENTITY.get(d.type, "handle")
+                if d.app_only_count:
+                    key = (d.tgid, d.device, d.type, "app")
+                    seen.add(key)
+                    since = self._views.due(key, now, self.config.grace_s)
+                    if since is not None:
+                        self._fire("app_only_objects", fired, **base, count=d.app_only_count,
+                                   **({ident + "s": d.app_only} if d.app_only else {}),
+                                   disagreeing_for_s=round(now - since, 1))
+                if d.kernel_only_count:
+                    key = (d.tgid, d.device, d.type, "kernel")
+                    seen.add(key)
+                    since = self._views.due(key, now, self.config.grace_s)
+                    if since is not None:
+                        self._fire("kernel_only_objects", fired, **base,
+                                   count=d.kernel_only_count,
+                                   released_by_app=[{ident: i, "destroy_errno": errno_name(e)}
+                                                    for i, e in d.released],
+                                   never_seen_by_app=d.unseen or d.unseen_count,
+                                   disagreeing_for_s=round(now - since, 1))
+            for key in list(self._views.since):
+                if key not in seen:
+                    self._views.clear(key)
+        return cmp
 
     # -- the mirror against the kernel's own tracker ----------------------
     def check_kernel_view(self, before: dict, kernel: dict, after: dict, now: float,
@@ -227,6 +298,34 @@ class RdmaWatcher:
         self._next_objects = 0.0
         self._next_kernel = 0.0
         self._kernel_ok = True
+        self._looked_at: set[int] = set()     # processes whose libraries were looked for
+        self._gone_since: dict[int, float] = {}
+
+    def _check_views(self, snap, now: float) -> None:
+        cmp = self.detector.check_views(snap, now, self.probe.app_since_ns)
+        drop = list(cmp.stale)
+        # records of processes gone for the grace period: the kernel's leak
+        # rule has had its look at them
+        tgids = {o.tgid for o in snap.app_objects}
+        for tgid in tgids:
+            if self.detector.alive(tgid):
+                self._gone_since.pop(tgid, None)
+            elif now - self._gone_since.setdefault(tgid, now) >= self.detector.config.grace_s:
+                drop += [o for o in snap.app_objects if o.tgid == tgid]
+                del self._gone_since[tgid]
+        for tgid in list(self._gone_since):
+            if tgid not in tgids:
+                del self._gone_since[tgid]
+        if drop:
+            self.probe.forget_app_objects([app_key(o) for o in drop])
+        # a process with kernel objects the application view never saw may
+        # map a libibverbs of its own (a container's): attach to it too
+        for o in snap.objects:
+            if o.user and o.tgid not in cmp.covered and o.tgid not in self._looked_at \
+                    and o.created_ns >= self.probe.app_since_ns:
+                self._looked_at.add(o.tgid)
+                self.probe.attach_libraries(mapped_by(o.tgid))
+        self._looked_at &= {o.tgid for o in snap.objects}
 
     def run_once(self, now: float) -> None:
         with_objects = now >= self._next_objects
@@ -236,6 +335,8 @@ class RdmaWatcher:
             return
         self._next_objects = now + self.object_interval
         self.detector.check_objects(snap, now)
+        if "rdma.app" in self.probe.modes():
+            self._check_views(snap, now)
         if self._kernel_ok and now >= self._next_kernel and "rdma.restrack" in self.probe.modes():
             self._next_kernel = now + self.kernel_interval
             try:

@@ -36,6 +36,7 @@ class KernelObject:
     id: int
     pid: int           # 0 for objects a kernel module owns
     comm: str
+    lkey: int = 0      # an MR's local key (what the application is handed)
 
 
 class RdmaToolError(TracehoundError):
@@ -98,8 +99,10 @@ def parse_objects(kind: str, rows: list[dict]) -> list[KernelObject]:
         oid = object_id(kind, row)
         if oid is None:
             continue
+        lkey = row.get("lkey", 0)
         out.append(KernelObject(int(row.get("ifindex", -1)), row.get("ifname", ""), kind, oid,
-                                int(row.get("pid", 0)), row.get("comm", "")))
+                                int(row.get("pid", 0)), row.get("comm", ""),
+                                lkey if isinstance(lkey, int) and lkey >= 0 else 0))
     return out
 
 

@@ -6,6 +6,8 @@
  *   rdma_verbs     (op, errno)                       -> calls
  *   rdma_events    (device, port, async event)       -> count
  *   rdma_qp_states to_state                          -> successful transitions
+ *   app_objects    (tgid, type, address)             -> what libibverbs handed a process
+ *   app_verbs      (op, errno, cgroup, device)       -> libibverbs calls
  *
  * Hook groups (the loader enables one mode per group):
  *   restrack: rdma_restrack_add (exit: the id is assigned inside), _del and,
@@ -18,6 +20,8 @@
  *             ib_modify_qp_with_udata (QP state); ib_umem_get (memory pinning)
  *   events:   ib_dispatch_event (device and port events), and
  *             ib_uverbs_qp_event_handler (QP events of user QPs)
+ *   app:      uprobes on libibverbs' create, destroy and modify verbs
+ *             (rdma_app.bpf.h), attached per library file by probes/rdma_app.py
  * fe_/fx_ programs are fentry/fexit; kp_/kr_ the kprobe/kretprobe fallback,
  * which keeps what an exit needs from the entry in rdma_pending.
  * Layouts of keys and values are in rdma.h, the contract with probes/rdma.py.
@@ -39,6 +43,9 @@ char LICENSE[] SEC("license") = "GPL";
 #define QP_STATES 8
 #define INVOKE_WRITE_MAX_ATTRS 8
 
+/* int-returning functions may leave the upper half of rax undefined. */
+#define INT_RET(ctx) ((long)(int)PT_REGS_RC(ctx))
+
 /* rdma_pending slots: one per hook that may nest inside another on a thread */
 enum pending_slot { SLOT_ADD, SLOT_IOCTL, SLOT_WRITE, SLOT_MODIFY };
 
@@ -58,7 +65,7 @@ struct {
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
-	__uint(max_entries, 1024);
+	__uint(max_entries, 8192);        /* keys of removed cgroups are retired by the agent */
 	__type(key, struct verb_key);
 	__type(value, __u64);
 } rdma_verbs SEC(".maps");
@@ -117,6 +124,8 @@ static __always_inline void hash_inc(void *map, void *key)
 		v = bpf_map_lookup_elem(map, key);  /* lost a race with another CPU */
 		if (v)
 			__sync_fetch_and_add(v, 1);
+		else
+			array_inc(&rdma_health, H_COUNTERS_FULL);
 	}
 }
 
@@ -220,6 +229,8 @@ static __always_inline void track_add(struct rdma_restrack_entry *res)
 	} else {
 		bpf_probe_read_kernel_str(obj.comm, sizeof(obj.comm), BPF_CORE_READ(res, kern_name));
 	}
+	if (key.type == OBJ_MR)
+		obj.lkey = BPF_CORE_READ(OBJ_OF(ib_mr, res), lkey);
 	if (bpf_map_update_elem(&rdma_objects, &key, &obj, BPF_ANY))
 		array_inc(&rdma_health, H_OBJECTS_FULL);
 }
@@ -236,14 +247,20 @@ static __always_inline void track_del(struct rdma_restrack_entry *res)
 		array_inc(&rdma_health, H_UNKNOWN_DEL);
 }
 
+#include "rdma_app.bpf.h"
+
 /* ---- verbs ---------------------------------------------------------------- */
 
 static __always_inline void count_verb(__u32 op, long ret)
 {
 	struct verb_key key = { .op = op, .err = is_err(ret) ? -ret : 0 };
 
-	if (op != OP_NONE)
-		hash_inc(&rdma_verbs, &key);
+	if (key.err)
+		app_note_kernel_error(key.err);
+	if (op == OP_NONE)
+		return;
+	key.cgroup_id = bpf_get_current_cgroup_id();
+	hash_inc(&rdma_verbs, &key);
 }
 
 /* Creates only: destroys and modify_qp are counted in ib_core, where the

@@ -15,16 +15,21 @@ from ..attribution.procs import cgroup_v2_path
 from ..bpf import features, libbpf
 from ..bpf.loader import BpfObject, Map
 from .. import defaults
-from ..errors import TracehoundError
+from ..errors import ProbeError, TracehoundError
 from ..host import rdma as rdma_host
 from . import object_path
+from . import rdma_app
 from .rdma_maps import (
+    APP_KEY,
+    APP_VALUE,
+    APP_VERB_KEY,
     MAPS,
     OBJ_F_SEEDED,
     OBJ_F_USER,
     OBJ_KEY,
     OBJ_VALUE,
     MirrorObject,
+    VERB_KEY,
     RdmaSnapshot,
     decode_object,
     encode_object,
@@ -36,6 +41,8 @@ log = logging.getLogger(__name__)
 MODES = ("fentry", "kprobe")
 PIN_DIR = "/sys/fs/bpf/tracehound"
 OBJECTS_PIN = os.path.join(PIN_DIR, "rdma_objects")
+APP_PIN = os.path.join(PIN_DIR, "rdma_app_objects")
+PINS = {"rdma_objects": OBJECTS_PIN, "app_objects": APP_PIN}
 BPF_NOEXIST = 1
 
 # Kernel function -> (its programs in fentry mode, in kprobe mode). Exit-only
@@ -66,6 +73,9 @@ def _group(name: str, *functions: str) -> features.HookGroup:
                                  ", ".join(functions))
     return features.HookGroup(name, tuple((mode, hooks(mode)) for mode in MODES))
 
+
+# uprobe entry and return programs of every libibverbs verb (rdma_app.bpf.h)
+APP_PROGRAMS = frozenset(f"{side}_{verb}" for verb in rdma_app.VERBS for side in ("up", "ur"))
 
 # Hooked where the kernel has them, never required: stable kernels that
 # split deletion into begin/commit/abort no longer call rdma_restrack_del for
@@ -106,6 +116,7 @@ class RdmaProbeConfig:
     hook_mode: str = defaults.HOOK_MODE
     cgroup_root: str | None = None   # to attribute seeded objects
     max_objects: int = defaults.RDMA_MAX_OBJECTS
+    app_view: bool = True            # uprobes on libibverbs (the application's view)
 
 
 class RdmaProbe:
@@ -121,6 +132,8 @@ class RdmaProbe:
         self.reason: str | None = None
         self._maps: dict[str, Map] | None = None
         self._pinned = False
+        self.app = rdma_app.Attachments()      # the application's view: libibverbs files
+        self.app_reason: str | None = None     # why there is no application view
 
     @property
     def available(self) -> bool:
@@ -146,16 +159,32 @@ class RdmaProbe:
                                                  self._load_and_attach, every_group=False)
         self._seed()
         self._pin()
+        if self.config.app_view and not self.app_reason:
+            self._attach_app_view()
 
     def _load_and_attach(self, plans: list[features.GroupPlan]) -> None:
+        try:
+            self._load_and_attach_once(plans, self.config.app_view and not self.app_reason)
+        except ProbeError as exc:
+            if not exc.program.startswith(("up_", "ur_")):
+                raise
+            # a kernel without uprobes keeps the kernel's view
+            self.app_reason = f"the kernel refuses uprobe programs: {exc.reason}"
+            log.warning("rdma probe: no application view: %s", self.app_reason)
+            self._load_and_attach_once(plans, False)
+
+    def _load_and_attach_once(self, plans: list[features.GroupPlan], app: bool) -> None:
         self.close()
         active = [p for p in plans if p.mode]
         obj = BpfObject(object_path("rdma"))
         try:
             wanted = {name for p in active for name in p.group.programs(p.mode)}
+            if app:
+                wanted |= APP_PROGRAMS
             for name, prog in obj.programs.items():
                 prog.autoload = name in wanted
             obj.map("rdma_objects").set_max_entries(self.config.max_objects)
+            obj.map("app_objects").set_max_entries(self.config.max_objects)
             obj.load()
             obj.attach_all()
             # held for the probe's life: a Map remembers whether batch lookups work
@@ -168,12 +197,14 @@ class RdmaProbe:
 
     def close(self) -> None:
         if self._pinned:
-            try:
-                os.unlink(OBJECTS_PIN)
-            except OSError:
-                pass
+            for path in PINS.values():
+                try:
+                    os.unlink(path)
+                except OSError:
+                    pass
             self._pinned = False
         self._maps = None
+        self.app = rdma_app.Attachments()
         if self.obj is not None:
             self.obj.close()
             self.obj = None
@@ -199,7 +230,8 @@ class RdmaProbe:
             flags = OBJ_F_SEEDED | (OBJ_F_USER if k.pid else 0)
             if k.pid not in cgroup_of:
                 cgroup_of[k.pid] = self._cgroup_of(k.pid)
-            mirror = MirrorObject(k.device, k.type, k.id, k.pid, cgroup_of[k.pid], 0, flags, k.comm)
+            mirror = MirrorObject(k.device, k.type, k.id, k.pid, cgroup_of[k.pid], 0, flags, k.comm,
+                                  k.lkey)
             key, value = encode_object(mirror)
             try:
                 objects.update(key, value, BPF_NOEXIST)
@@ -226,19 +258,67 @@ class RdmaProbe:
             return 0
 
     def _pin(self) -> None:
+        """The mirror and the applications' view, for `tracehound rdma show`."""
         try:
             os.makedirs(PIN_DIR, exist_ok=True)
-            if os.path.exists(OBJECTS_PIN):
-                os.unlink(OBJECTS_PIN)  # left by an agent that did not exit cleanly
+            for path in PINS.values():
+                if os.path.exists(path):
+                    os.unlink(path)  # left by an agent that did not exit cleanly
         except OSError as exc:
             log.info("rdma probe: mirror not pinned (%s): `tracehound rdma show` sees the kernel only", exc)
             return
-        ret = libbpf.lib().bpf_obj_pin(self._maps["rdma_objects"].fd, OBJECTS_PIN.encode())
-        if ret < 0:
-            log.info("rdma probe: cannot pin the mirror at %s: %s", OBJECTS_PIN,
-                     libbpf.strerror(libbpf.errno_of(ret)))
-            return
         self._pinned = True
+        for name, path in PINS.items():
+            ret = libbpf.lib().bpf_obj_pin(self._maps[name].fd, path.encode())
+            if ret < 0:
+                log.info("rdma probe: cannot pin %s at %s: %s", name, path,
+                         libbpf.strerror(libbpf.errno_of(ret)))
+
+    # -- the application's view -------------------------------------------
+    def _attach_app_view(self) -> None:
+        """The system's libibverbs and every copy a running process maps."""
+        paths = set()
+        system = rdma_app.system_library()
+        if system:
+            paths.add(system)
+        for mapped in rdma_app.mapping_processes().values():
+            paths |= mapped
+        self.attach_libraries(paths)
+        if not self.app.libraries:
+            self.app_reason = self.app.why_none()
+            log.info("rdma probe: no application view: %s", self.app_reason)
+
+    def attach_libraries(self, paths) -> list[str]:
+        """Attach the application probe to libibverbs files not attached yet."""
+        if self.obj is None:
+            return []
+        added = self.app.attach(self.obj, paths)
+        if added:
+            self.app_reason = None
+        return added
+
+    def app_libraries(self) -> list[str]:
+        return sorted(lib.path for lib in self.app.libraries.values())
+
+    @property
+    def app_since_ns(self) -> int:
+        """CLOCK_MONOTONIC of the application probe's first attach (0: never)."""
+        return self.app.since_ns
+
+    def retire_counters(self, cgroup_ids: set[int]) -> None:
+        """Delete the verb counters of cgroups that are gone (exported one
+        last time by the caller): short jobs must not fill the maps."""
+        for name, layout in (("rdma_verbs", VERB_KEY), ("app_verbs", APP_VERB_KEY)):
+            counters = self._maps[name]
+            for key, _ in counters.items():
+                if layout.unpack(key[:layout.size])[2] in cgroup_ids:
+                    counters.delete(key)
+
+    def forget_app_objects(self, keys) -> None:
+        """Drop records of processes that are gone, or of closed contexts."""
+        objects = self._maps["app_objects"]
+        for key in keys:
+            objects.delete(key)
 
     # -- reading ------------------------------------------------------------
     def snapshot(self, objects: bool = True) -> RdmaSnapshot:
@@ -248,27 +328,35 @@ class RdmaProbe:
         """probe name ('rdma.restrack', ...) -> hook mode in use."""
         if not self.available:
             return {}
-        return {f"rdma.{p.group.name}": p.mode for p in self.plans if p.mode}
+        modes = {f"rdma.{p.group.name}": p.mode for p in self.plans if p.mode}
+        if self.app.libraries:
+            modes["rdma.app"] = "uprobe"
+        return modes
 
     def missing(self) -> dict[str, str]:
         """Groups left without a hook while the others run, and why."""
         if not self.available:
             return {}
-        return {f"rdma.{p.group.name}": p.why_not() for p in self.plans if not p.mode}
+        missing = {f"rdma.{p.group.name}": p.why_not() for p in self.plans if not p.mode}
+        if self.config.app_view and not self.app.libraries:
+            missing["rdma.app"] = self.app_reason or "not attached"
+        return missing
 
 
 class PinnedObjects:
-    """The mirror pinned by a running agent, read from another process."""
+    """A table pinned by a running agent (the mirror, or with `app` the
+    applications' view), read from another process."""
 
-    def __init__(self, path: str = OBJECTS_PIN):
+    def __init__(self, path: str = OBJECTS_PIN, app: bool = False):
         fd = libbpf.lib().bpf_obj_get(path.encode())
         if fd < 0:
-            raise TracehoundError(f"no RDMA mirror pinned at {path} ({libbpf.strerror(libbpf.errno_of(fd))}):"
+            raise TracehoundError(f"no RDMA table pinned at {path} ({libbpf.strerror(libbpf.errno_of(fd))}):"
                                   " is the agent running with the rdma probe?")
         self.fd = fd
+        self.sizes = (APP_KEY.size, APP_VALUE.size) if app else (OBJ_KEY.size, OBJ_VALUE.size)
 
     def items(self) -> list[tuple[bytes, bytes]]:
-        return Map.from_fd("rdma_objects", self.fd, OBJ_KEY.size, OBJ_VALUE.size).items()
+        return Map.from_fd("rdma_objects", self.fd, *self.sizes).items()
 
     def close(self) -> None:
         if self.fd >= 0:

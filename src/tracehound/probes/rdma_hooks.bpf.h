@@ -2,9 +2,6 @@
  * Program names are <fe|fx|kp|kr>_<kernel function>; probes/rdma.py lists
  * which of them each hook group needs in each mode. */
 
-/* int-returning functions may leave the upper half of rax undefined. */
-#define INT_RET(ctx) ((long)(int)PT_REGS_RC(ctx))
-
 /* ---- fentry / fexit ------------------------------------------------------ */
 
 SEC("fexit/rdma_restrack_add")

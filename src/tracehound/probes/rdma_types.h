@@ -75,6 +75,7 @@ struct ib_qp {
 
 struct ib_mr {
 	struct ib_device *device;
+	u32 lkey;
 	struct rdma_restrack_entry res;
 } PRESERVE;
 

@@ -4,7 +4,13 @@ Optional: a host without RDMA, or a kernel that refuses every RDMA hook,
 gets a reason and the agent runs on."""
 from __future__ import annotations
 
+import os
+
+from ..attribution.workload import WORKLOAD_LABELS
 from ..collectors.rdma import RdmaCollector
+from ..collectors.rdma_ports import RdmaPortCollector
+from ..detect.rdma_ports import PortWatcher
+from ..host.rdma_ports import SYSFS_ROOT as PORTS_ROOT, PortReader
 from ..detect.rdma import RdmaDetector, RdmaDetectorConfig, RdmaWatcher
 from ..host.rdma import summary
 from ..probes.rdma import RdmaProbe, RdmaProbeConfig, doctor_line
@@ -16,17 +22,31 @@ class RdmaSubsystem(Subsystem):
 
     def __init__(self, ctx):
         super().__init__(ctx)
-        self.probe = RdmaProbe(RdmaProbeConfig(ctx.config.hook_mode, cgroup_root=ctx.owners.root))
-        self.detector = RdmaDetector(RdmaDetectorConfig(grace_s=ctx.config.rdma_grace_s),
-                                     cgroup_path=self._cgroup_path)
+        cfg = ctx.config
+        self.probe = RdmaProbe(RdmaProbeConfig(cfg.hook_mode, cgroup_root=ctx.owners.root,
+                                               max_objects=cfg.rdma_max_objects,
+                                               app_view=cfg.rdma_app_view))
+        self.detector = RdmaDetector(RdmaDetectorConfig(grace_s=cfg.rdma_grace_s),
+                                     cgroup_path=self._cgroup_path, workload=self._workload)
         self._collector: RdmaCollector | None = None
         self._watcher: RdmaWatcher | None = None
+        self._ports: list = []            # the port counters' collector and flap watcher
 
     def _cgroup_path(self, cgroup_id: int) -> str:
         self.ctx.owners.new_scrape()
         return self.ctx.owners.path(cgroup_id)
 
+    def _workload(self, path: str) -> dict:
+        values = self.ctx.owners.workload(path)
+        return {k: v for k, v in zip(WORKLOAD_LABELS, values) if v}
+
     def start(self) -> None:
+        # port counters need only sysfs: a host whose kernel refuses the
+        # probe still exports them
+        if os.path.isdir(PORTS_ROOT):
+            reader = PortReader(PORTS_ROOT)
+            self._ports = [RdmaPortCollector(reader),
+                           PortWatcher(reader, lambda kind, **detail: self.detector.fire(kind, **detail))]
         self.probe.start()
         if not self.probe.available:
             self.reason = self.probe.reason
@@ -38,10 +58,12 @@ class RdmaSubsystem(Subsystem):
         self.probe.close()
 
     def collectors(self) -> list:
-        return [self._collector, self.detector] if self._collector is not None else []
+        probe = [self._collector] if self._collector is not None else []
+        ports = self._ports[:1]
+        return probe + ports + ([self.detector] if probe or ports else [])
 
     def detectors(self) -> list:
-        return [self._watcher] if self._watcher is not None else []
+        return ([self._watcher] if self._watcher is not None else []) + self._ports[1:]
 
     def modes(self) -> dict[str, str]:
         return self.probe.modes()

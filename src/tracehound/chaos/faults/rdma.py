@@ -148,8 +148,10 @@ class RdmaCgroup(Fault):
         return None
 
     def detection(self, args, state=None):
-        q = 'tracehound_rdma_verb_errors_total{errno="EAGAIN"}'
-        return Detection.counter_grows(q, "object creation fails with EAGAIN")
+        # the target cgroup's own errors: another job's EAGAIN is not this fault
+        cgroup = "/" + args["cgroup"].strip("/")
+        q = f'tracehound_rdma_verb_errors_total{{errno="EAGAIN",cgroup="{cgroup}"}}'
+        return Detection.counter_grows(q, f"object creation in {cgroup} fails with EAGAIN")
 
 
 def link_is_up(netns: str | None, ifname: str) -> bool:
