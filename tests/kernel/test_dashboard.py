@@ -4,7 +4,8 @@ I/O, probe and agent-health names are checked against the real agent's
 /metrics after real I/O. GPU and RDMA names cannot appear on a host without a
 GPU or an RDMA device: they are checked against what their collectors emit,
 the GPU collector over the fake NVML, the RDMA collector over a snapshot of
-the probe's maps."""
+the probe's maps (the kernel's and the applications' views) and the RDMA port
+collector over a fake sysfs tree."""
 import os
 
 from prometheus_client.parser import text_string_to_metric_families
@@ -14,11 +15,14 @@ from tests.unit.fake_nvml import FakeNvml
 from tests.unit.gpu_helpers import make_collector, make_host
 from tests.unit.test_deploy_dashboard import dashboard_queries, metric_names, rule_queries
 from tests.unit.test_gpu_collector import full_gpu, second_gpu
+from tests.unit.test_rdma_ports import PMA, RXE_HW, add_port
 from tracehound.attribution.owners import Owners
 from tracehound.attribution.resolver import WorkloadResolver
 from tracehound.collectors.rdma import RdmaCollector
+from tracehound.collectors.rdma_ports import RdmaPortCollector
 from tracehound.detect.rdma import RdmaDetector
-from tracehound.probes.rdma_maps import MirrorObject, RdmaSnapshot
+from tracehound.host.rdma_ports import PortReader
+from tracehound.probes.rdma_maps import AppObject, MirrorObject, RdmaSnapshot
 
 # a histogram's bare name is what queries use once it is scraped as a native one
 SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count", ""),
@@ -51,13 +55,26 @@ def gpu_families(tmp_path):
 class SnapshotProbe:
     def __init__(self, snapshot):
         self._snapshot = snapshot
+        self.retired = []
 
     def snapshot(self):
         return self._snapshot
 
+    def app_libraries(self):
+        return ["/usr/lib/x86_64-linux-gnu/libibverbs.so.1"]
+
+    def retire_counters(self, cgroup_ids):
+        self.retired.append(cgroup_ids)
+
 
 class Cgroups:
     def new_scrape(self):
+        pass
+
+    def alive(self, cgroup_id):
+        return True
+
+    def forget(self, cgroup_id):
         pass
 
     def path(self, cgroup_id):
@@ -67,16 +84,27 @@ class Cgroups:
         return []
 
 
-def rdma_families():
+def rdma_families(tmp_path):
+    """Every RDMA family with samples: the probe's kernel and application views
+    (a failed reg_mr in both, a create refused in libibverbs), the detector's
+    anomalies, and the port collector over IB and soft-RoCE ports in sysfs."""
     snap = RdmaSnapshot(
         objects=[MirrorObject(0, "qp", 17, 4242, 99, 1, 1, "ib_write_bw")],
-        verbs={("reg_mr", 0): 5, ("reg_mr", 12): 2},
-        events={(0, 1, "PORT_ERR"): 1},
+        verbs={("reg_mr", 0, 99): 5, ("reg_mr", 12, 99): 2},
+        app_objects=[AppObject(4242, "qp", 0x20, 0x10, "rxe0", 17, 99, 1, "ib_write_bw")],
+        app_verbs={("create_qp", 0, 99, "rxe0"): 1, ("reg_mr", 12, 99, "rxe0"): 2,
+                   ("create_cq", 0xFFFFFFFF, 99, "rxe0"): 1},
+        events={(0, 1, "PORT_ERR"): 1}, qp_events={(0, 1, "QP_FATAL", 4242, 99): 1},
         qp_states={"RTS": 1}, health={"objects_full": 0}, devices={0: "rxe0"})
     owners = Owners(Cgroups(), WorkloadResolver(job_id_source=None, pod_source=None,
                                                 v1_lookup=False))
+    root = tmp_path / "rdma-sysfs" / "class" / "infiniband"    # gpu_families has tmp_path/sys
+    add_port(root, "mlx5_0", 1, counters=PMA, hw={"out_of_sequence": 5, "local_ack_timeout_err": 1})
+    add_port(root, "rxe0", 1, rate="10 Gb/sec (1X FDR10)", link_layer="Ethernet", hw=RXE_HW,
+             netdev="eth0")
+    ports = RdmaPortCollector(PortReader(root=str(root)))
     return (list(RdmaCollector(SnapshotProbe(snap), owners).collect())
-            + list(RdmaDetector().collect()))
+            + list(RdmaDetector().collect()) + list(ports.collect()))
 
 
 def used_names() -> dict[str, list[str]]:
@@ -100,7 +128,7 @@ def test_dashboard_and_alert_metrics_exist(agent, cgroup_root, cgroup, tmpfs, tm
     assert f'cgroup="{cgroup}"' in text
     exported = {"agent": sample_names(text_string_to_metric_families(text)),
                 "gpu": sample_names(gpu_families(tmp_path)),
-                "rdma": sample_names(rdma_families())}
+                "rdma": sample_names(rdma_families(tmp_path))}
     used = used_names()
     assert len(used) > 40
     missing = []
@@ -111,6 +139,12 @@ def test_dashboard_and_alert_metrics_exist(agent, cgroup_root, cgroup, tmpfs, tm
         if name not in exported[source] and name not in exported["agent"]:
             missing.append(f"{name} ({source}; used by {', '.join(where)})")
     assert missing == [], "queried but never exported:\n" + "\n".join(missing)
+
+
+def test_every_rdma_family_has_samples(tmp_path):
+    """The fakes above reach every RDMA family with data, not just its name."""
+    empty = [fam.name for fam in rdma_families(tmp_path) if not fam.samples]
+    assert empty == []
 
 
 def test_sample_names_follow_family_types():

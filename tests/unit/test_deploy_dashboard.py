@@ -123,7 +123,22 @@ def test_dashboard_covers_io_rdma_gpu_and_agent_health():
             "tracehound_gpu_clock_event_active", "tracehound_gpu_lost",
             "tracehound_probe_info", "tracehound_map_full_drops_total",
             "tracehound_series_overflow_total", "tracehound_build_info",
-            "tracehound_workload_info"} <= used
+            "tracehound_workload_info", "tracehound_rdma_app_objects",
+            "tracehound_rdma_app_verb_errors_total", "tracehound_rdma_port_counter_total",
+            "tracehound_rdma_port_hw_counter_total", "tracehound_rdma_port_state_id"} <= used
+
+
+def test_rdma_panels_of_the_selected_jobs_filter_by_job_and_pod():
+    """RDMA queries of the selected jobs select them (directly, or by joining
+    tracehound_workload_info); the application's view is always per workload."""
+    checked = 0
+    for where, expr in dashboard_queries():
+        if "selected jobs" in where and "tracehound_rdma_" in expr:
+            assert 'job_id=~"$job_id"' in expr and 'pod=~"$pod"' in expr, where
+            checked += 1
+        for selector in re.findall(r"tracehound_rdma_app_\w+\{([^}]*)\}", expr):
+            assert 'job_id=~"$job_id"' in selector and 'pod=~"$pod"' in selector, where
+    assert checked >= 5
 
 
 def test_metric_name_extraction():

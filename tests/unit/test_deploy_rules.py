@@ -85,12 +85,33 @@ def test_alert_severities():
     for critical in ("TracehoundGpuLost", "TracehoundGpuEccUncorrectable",
                      "TracehoundGpuCriticalXid", "TracehoundRdmaPortError"):
         assert rules[critical]["labels"]["severity"] == "critical", critical
+    for warning in ("TracehoundRdmaVerbErrorBurst", "TracehoundRdmaViewsDisagree",
+                    "TracehoundRdmaLinkFlap", "TracehoundRdmaPortErrors",
+                    "TracehoundRdmaTransportRetries"):
+        assert rules[warning]["labels"]["severity"] == "warning", warning
 
 
 def test_io_error_alert_names_the_workload():
     summary = alerts()["TracehoundIoErrors"]["annotations"]["summary"]
     for label in ("job_id", "pod", "namespace", "node"):
         assert f"$labels.{label}" in summary
+
+
+def test_rdma_verb_error_alert_names_the_workload():
+    recorded = {r["record"]: r for r in load_rules() if "record" in r}
+    by = recorded["workload:tracehound_rdma_verb_errors:increase5m"]["expr"]
+    for label in ("job_id", "namespace", "pod"):
+        assert label in by.split("(", 2)[1]
+    summary = alerts()["TracehoundRdmaVerbErrorBurst"]["annotations"]["summary"]
+    for label in ("job_id", "pod", "namespace", "node"):
+        assert f"$labels.{label}" in summary
+
+
+def test_rdma_views_alert_says_how_to_look():
+    rule = alerts()["TracehoundRdmaViewsDisagree"]
+    assert "app_only_objects|kernel_only_objects" in rule["expr"]
+    notes = rule["annotations"]["description"]
+    assert "tracehound rdma show --pid" in notes and "/events" in notes
 
 
 def kubernetes_sd_supported(promtool, tmp_path) -> bool:
