@@ -68,8 +68,10 @@ def maps():
         ]),
         "app_closed": FakeMap([(c.APP_KEY.pack(300, types["ctx"], 0x9000), struct.pack("=Q", 1))]),
         "rdma_events": FakeMap([
-            (c.EVENT_KEY.pack(0, 1, c.EVENTS.index("PORT_ERR"), 0), struct.pack("=Q", 2)),
-            (c.EVENT_KEY.pack(0, 1, 99, 0), struct.pack("=Q", 1)),   # newer kernel's event
+            (c.EVENT_KEY.pack(0, 1, c.EVENTS.index("PORT_ERR"), 0, 0), struct.pack("=Q", 2)),
+            (c.EVENT_KEY.pack(0, 1, 99, 0, 0), struct.pack("=Q", 1)),   # newer kernel's event
+            # a QP event names its QP's owner
+            (c.EVENT_KEY.pack(0, 1, c.EVENTS.index("QP_FATAL"), 300, 42), struct.pack("=Q", 3)),
         ]),
         "rdma_qp_states": FakeMap(array={1: 3, 2: 2, 3: 2}),
         "rdma_health": FakeMap(array={1: 4}),
@@ -138,6 +140,7 @@ def test_snapshot_decodes_every_map():
     assert snap.app_verbs[("reg_mr", c.APP_ERR_UNKNOWN, 42, "rxe0")] == 2
     assert snap.app_closed == {(300, 0x9000)}
     assert snap.events == {(0, 1, "PORT_ERR"): 2, (0, 1, "99"): 1}
+    assert snap.qp_events == {(0, 1, "QP_FATAL", 300, 42): 3}
     assert snap.qp_states["INIT"] == 3 and snap.qp_states["RESET"] == 0
     assert snap.health == {"objects_full": 0, "unknown_del": 4, "pending_full": 0,
                            "app_full": 0, "counters_full": 0}
@@ -182,6 +185,9 @@ def test_collector_metric_families():
                       device="rxe0").values()) == [2]
     assert list(owned("tracehound_rdma_app_verb_calls_total", op="destroy_cq").values()) == [1]
     assert list(owned("tracehound_rdma_app_libraries").values()) == [1]
+    assert list(owned("tracehound_rdma_qp_events_total", event="QP_FATAL",
+                      cgroup="/job/a").values()) == [3]
+    assert list(owned("tracehound_rdma_async_events_total", event="QP_FATAL").values()) == [3]
     assert m[("tracehound_rdma_async_events_total",
               (("device", "rxe0"), ("event", "PORT_ERR"), ("port", "1")))] == 2
     assert m[("tracehound_rdma_qp_transitions_total", (("to_state", "RTS"),))] == 2

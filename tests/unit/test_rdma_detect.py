@@ -17,9 +17,9 @@ def user_obj(tgid, kind="qp", oid=1, dev=0):
     return MirrorObject(dev, kind, oid, tgid, 7, 1, OBJ_F_USER, "trainer")
 
 
-def snap(objects=(), verbs=None, events=None):
+def snap(objects=(), verbs=None, events=None, qp_events=None):
     return RdmaSnapshot(objects=list(objects), verbs=dict(verbs or {}), events=dict(events or {}),
-                        devices={0: "rxe0"})
+                        qp_events=dict(qp_events or {}), devices={0: "rxe0"})
 
 
 def kinds(events):
@@ -192,3 +192,12 @@ def test_watcher_drops_the_kernel_check_when_the_tool_is_missing(caplog):
     w.run_once(0)
     w.run_once(10)
     assert "mirror check off" in caplog.text and caplog.text.count("mirror check off") == 1
+
+
+def test_a_qp_event_names_the_qps_owner():
+    det, _ = detector()
+    det.check_counters(snap(), now=0)
+    fired = det.check_counters(snap(qp_events={(0, 1, "QP_FATAL", 4242, 7): 1}), now=1)
+    assert kinds(fired) == ["qp_error"]
+    assert (fired[0]["pid"], fired[0]["cgroup"], fired[0]["async_event"]) == (4242, "/job/7",
+                                                                               "QP_FATAL")

@@ -66,7 +66,8 @@ class RdmaCollector:
         yield errors
         yield from self._app_view(snap, owner)
         # counters of removed cgroups were exported above for the last time
-        counted = {k[2] for k in snap.verbs} | {k[2] for k in snap.app_verbs}
+        counted = {k[2] for k in snap.verbs} | {k[2] for k in snap.app_verbs} | \
+            {k[4] for k in snap.qp_events}
         gone = {cgid for cgid in counted if not self.owners.alive(cgid)}
         if gone:
             self.probe.retire_counters(gone)
@@ -76,9 +77,22 @@ class RdmaCollector:
         events = CounterMetricFamily("tracehound_rdma_async_events",
                                      "Asynchronous events the RDMA core dispatched.",
                                      labels=["device", "port", "event"])
-        for (dev, port, event), n in sorted(snap.events.items()):
+        summed = dict(snap.events)
+        for (dev, port, event, _tgid, _cgid), n in snap.qp_events.items():
+            summed[(dev, port, event)] = summed.get((dev, port, event), 0) + n
+        for (dev, port, event), n in sorted(summed.items()):
             events.add_metric([snap.device_name(dev), str(port), event], n)
         yield events
+        owned = CounterMetricFamily("tracehound_rdma_qp_events",
+                                    "Asynchronous QP events, by the QP's owner.",
+                                    labels=["device", "port", "event", *owner])
+        per_owner: dict[tuple, int] = {}
+        for (dev, port, event, _tgid, cgid), n in snap.qp_events.items():
+            key = (snap.device_name(dev), str(port), event, *self.owners.labels(cgid))
+            per_owner[key] = per_owner.get(key, 0) + n
+        for key, n in sorted(per_owner.items()):
+            owned.add_metric(list(key), n)
+        yield owned
 
         states = CounterMetricFamily("tracehound_rdma_qp_transitions",
                                      "Successful QP state changes, by target state.",

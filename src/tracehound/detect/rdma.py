@@ -162,14 +162,16 @@ class RdmaDetector:
                                    failures=grew, total=count, **self.owner(cgroup_id))
                     continue
                 self._check_burst(key, count, now, fired)
-            for key, count in snap.events.items():
+            for key, count in [*snap.events.items(), *snap.qp_events.items()]:
                 grew = count - self._events.get(key, 0)
                 self._events[key] = count
                 kind = EVENT_KIND.get(key[2])
                 if kind and grew > 0:
-                    dev, port, event = key
+                    dev, port, event, *owned = key
+                    # a QP event names the QP's owner
+                    who = {"pid": owned[0], **self.owner(owned[1])} if owned else {}
                     self._fire(kind, fired, device=snap.device_name(dev), port=port,
-                               async_event=event, occurrences=grew)
+                               async_event=event, occurrences=grew, **who)
         return fired
 
     def _check_burst(self, key, count: int, now: float, fired: list) -> None:

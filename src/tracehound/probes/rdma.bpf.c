@@ -339,28 +339,36 @@ static __always_inline __u32 modify_target(struct ib_qp_attr *attr, int mask)
 
 /* ---- async events --------------------------------------------------------- */
 
-static __always_inline void count_event(struct ib_device *dev, __u32 port, __u32 event)
+static __always_inline void count_event(struct ib_device *dev, struct event_key *key)
 {
-	struct event_key key = { .port = port, .event = event };
-
 	if (!dev)
 		return;
-	key.dev = BPF_CORE_READ(dev, index);
-	remember_device(dev, key.dev);
-	hash_inc(&rdma_events, &key);
+	key->dev = BPF_CORE_READ(dev, index);
+	remember_device(dev, key->dev);
+	hash_inc(&rdma_events, key);
 }
 
 static __always_inline void device_event(struct ib_event *ev)
 {
-	count_event(BPF_CORE_READ(ev, device), BPF_CORE_READ(ev, element.port_num),
-		    BPF_CORE_READ(ev, event));
+	struct event_key key = { .port = BPF_CORE_READ(ev, element.port_num),
+				 .event = BPF_CORE_READ(ev, event) };
+
+	count_event(BPF_CORE_READ(ev, device), &key);
 }
 
+/* A QP event names the QP's owner: the task that created it (events are
+ * dispatched from the driver's context, not the owner's). */
 static __always_inline void qp_event(struct ib_event *ev)
 {
 	struct ib_qp *qp = BPF_CORE_READ(ev, element.qp);
+	struct task_struct *owner = BPF_CORE_READ(qp, res.task);
+	struct event_key key = { .port = BPF_CORE_READ(qp, port), .event = BPF_CORE_READ(ev, event) };
 
-	count_event(BPF_CORE_READ(ev, device), BPF_CORE_READ(qp, port), BPF_CORE_READ(ev, event));
+	if (owner) {
+		key.tgid = BPF_CORE_READ(owner, tgid);
+		key.cgroup_id = BPF_CORE_READ(owner, cgroups, dfl_cgrp, kn, id);
+	}
+	count_event(BPF_CORE_READ(ev, device), &key);
 }
 
 #include "rdma_hooks.bpf.h"

@@ -47,7 +47,8 @@ struct event_key {
 	__u32 dev;
 	__u32 port;
 	__u32 event;
-	__u32 pad;
+	__u32 tgid;            /* a QP event's QP owner; 0 for device and port events */
+	__u64 cgroup_id;       /* the owner's cgroup; 0 without an owner */
 };
 
 struct dev_name {

@@ -38,7 +38,8 @@ LAYOUTS = (
     Layout("rdma_obj", [("cgroup_id", "Q"), ("created_ns", "Q"), ("tgid", "I"), ("flags", "I"),
                         ("comm", "16s"), ("lkey", "I"), ("pad", "I")]),
     Layout("verb_key", [("op", "I"), ("err", "I"), ("cgroup_id", "Q")]),
-    Layout("event_key", [("dev", "I"), ("port", "I"), ("event", "I"), ("pad", "I")]),
+    Layout("event_key", [("dev", "I"), ("port", "I"), ("event", "I"), ("tgid", "I"),
+                         ("cgroup_id", "Q")]),
     Layout("dev_name", [("name", "64s")]),
     Layout("app_key", [("tgid", "I"), ("type", "I"), ("handle", "Q")]),
     Layout("app_obj", [("context", "Q"), ("created_ns", "Q"), ("cgroup_id", "Q"),
@@ -151,6 +152,8 @@ class RdmaSnapshot:
     app_verbs: dict[tuple[str, int, int, str], int] = field(default_factory=dict)
     app_closed: set[tuple[int, int]] = field(default_factory=set)   # (tgid, context address)
     events: dict[tuple[int, int, str], int] = field(default_factory=dict)  # (dev, port, event)
+    # QP events with their QP's owner: (dev, port, event, tgid, cgroup id) -> count
+    qp_events: dict[tuple[int, int, str, int, int], int] = field(default_factory=dict)
     qp_states: dict[str, int] = field(default_factory=dict)
     health: dict[str, int] = field(default_factory=dict)
     devices: dict[int, str] = field(default_factory=dict)
@@ -191,8 +194,12 @@ def read_snapshot(maps, objects: bool = True) -> RdmaSnapshot:
         op, err, cgid, dev = APP_VERB_KEY.unpack(k[:APP_VERB_KEY.size])
         snap.app_verbs[(_name(OPS, op), err, cgid, _cstr(dev))] = U64.unpack(v[:8])[0]
     for k, v in maps["rdma_events"].items():
-        dev, port, event, _ = EVENT_KEY.unpack(k[:EVENT_KEY.size])
-        snap.events[(dev, port, _name(EVENTS, event))] = U64.unpack(v[:8])[0]
+        dev, port, event, tgid, cgid = EVENT_KEY.unpack(k[:EVENT_KEY.size])
+        n = U64.unpack(v[:8])[0]
+        if tgid:
+            snap.qp_events[(dev, port, _name(EVENTS, event), tgid, cgid)] = n
+        else:
+            snap.events[(dev, port, _name(EVENTS, event))] = n
     for idx, state in enumerate(QP_STATES):
         raw = maps["rdma_qp_states"].lookup(U32.pack(idx))
         snap.qp_states[state] = U64.unpack(raw[:8])[0] if raw else 0
