@@ -327,3 +327,22 @@ def test_nccl_is_available_only_with_an_nvidia_driver(tmp_path, monkeypatch):
     version.write_text("NVRM version: NVIDIA UNIX x86_64 Kernel Module  550.54.15\n")
     monkeypatch.setattr(gpu, "NVIDIA_DRIVER", str(version))
     assert fault.availability().ok
+
+
+def selects(query: str, labels: dict) -> bool:
+    from tracehound.chaos.metrics import parse_selector
+    return all(m.matches(labels) for m in parse_selector(query).matchers)
+
+
+def test_rdma_detections_look_at_the_targeted_cgroup_only():
+    q = catalog.get("rdma.cgroup").detection({"cgroup": "rdmatest/limited"}).query
+    assert selects(q, {"errno": "EAGAIN", "cgroup": "/rdmatest/limited"})
+    assert not selects(q, {"errno": "EAGAIN", "cgroup": "/other-job"})
+    mem = catalog.get("rdma.memlock")
+    state = {"cgroups": ["/slurm/job_4.2-x", "/kubepods/pod+1"]}
+    q = mem.detection(mem.with_defaults({"pid": 1}), state).query
+    for cgroup in state["cgroups"]:
+        assert selects(q, {"op": "reg_mr", "errno": "ENOMEM", "cgroup": cgroup})
+    assert not selects(q, {"op": "reg_mr", "errno": "ENOMEM", "cgroup": "/slurm/job_4x2-x"})
+    # before prepare (chaos list) it names no cgroup
+    assert "cgroup" not in mem.detection(mem.with_defaults({"pid": 1})).query

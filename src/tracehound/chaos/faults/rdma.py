@@ -8,8 +8,10 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import resource
 
+from ...attribution.procs import cgroup_v2_path
 from . import (Arg, Availability, Detection, Fault, FaultError, Prepared, cgroupctl,
                interface_args, refuse_host_netns, target_args)
 from .targets import (cgroup2_root, cgroup_dir, check_cgroup_path, check_target_args,
@@ -74,7 +76,9 @@ class RdmaMemlock(Fault):
                              "RLIMIT_MEMLOCK for it, so registrations will not fail")
         targets = [f"{p.label()} memlock {_fmt_limit(r[3][0])} -> {args['bytes']}"
                    for p, r in zip(procs, rows)]
-        return Prepared(targets, {"procs": rows, "bytes": args["bytes"]}, notes)
+        cgroups = sorted({cg for cg in (cgroup_v2_path(p.pid) for p in procs) if cg})
+        return Prepared(targets, {"procs": rows, "bytes": args["bytes"], "cgroups": cgroups},
+                        notes)
 
     def apply(self, state):
         for pid, start, _comm, (_soft, hard) in state["procs"]:
@@ -94,8 +98,15 @@ class RdmaMemlock(Fault):
         return None
 
     def detection(self, args, state=None):
-        q = 'tracehound_rdma_verb_errors_total{op=~"reg_mr|umem_get",errno="ENOMEM"}'
-        return Detection.counter_grows(q, "memory registrations fail with ENOMEM")
+        # the targets' own cgroups once known: another job's ENOMEM is not this fault
+        cgroups = (state or {}).get("cgroups") or []
+        # a regular expression inside a PromQL string: its backslashes doubled
+        alternatives = "|".join(re.escape(cg).replace("\\", "\\\\") for cg in cgroups)
+        where = f',cgroup=~"{alternatives}"' if cgroups else ""
+        q = f'tracehound_rdma_verb_errors_total{{op=~"reg_mr|umem_get",errno="ENOMEM"{where}}}'
+        return Detection.counter_grows(
+            q, "memory registrations fail with ENOMEM"
+            + (f" in {', '.join(cgroups)}" if cgroups else ""))
 
 
 class RdmaCgroup(Fault):
