@@ -3,10 +3,15 @@ Debian's 6.1 kernel (the only place with RDMA and fentry/kprobes here).
 
 A pyverbs worker registers an MR, creates an RC QP, destroys the QP and
 deregisters the MR, N times, timing each verb. It runs with no agent, with
-the agent in fentry mode, in kprobe mode, and with no agent again (drift
-check). With the agent, kernel.bpf_stats_enabled=1 gives each RDMA program's
-own run time. Emulated CPU (QEMU TCG): compare conditions with each other,
-never with real hardware. Run as root after scripts/vm-setup:
+the agent in fentry mode without and with the application view (uprobes on
+libibverbs), in kprobe mode, and with no agent again (the noise of the run). The
+conditions take turns round by round, each round starting one condition
+later, and each agent's exit is followed by a pause before the next
+condition, so neither a slow drift of the emulated machine nor the teardown
+of the previous agent lands on one condition. With the agent, kernel.bpf_stats_enabled=1
+gives each RDMA program's own run time. Emulated CPU (QEMU TCG): compare
+conditions with each other, never with real hardware. Run as root after
+scripts/vm-setup:
 
     .venv/bin/python bench/rdma_verbs.py [--iterations N] [--rounds R]
     # writes bench/report/rdma-verbs.{json,md}
@@ -22,8 +27,13 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 REPORT = REPO / "bench" / "report"
 VERBS = ("reg_mr", "create_qp", "destroy_qp", "dereg_mr")
-CONDITIONS = (("baseline", None), ("fentry", "fentry"), ("kprobe", "kprobe"), ("baseline-after", None))
-RDMA_PREFIXES = ("fe_", "fx_", "kp_", "kr_")
+# name -> the agent's flags (None: no agent)
+CONDITIONS = (("baseline", None), ("fentry", ("--hook-mode", "fentry", "--rdma-app-view", "off")),
+              ("fentry+app", ("--hook-mode", "fentry")),
+              ("kprobe", ("--hook-mode", "kprobe", "--rdma-app-view", "off")),
+              ("baseline-again", None))
+RDMA_PREFIXES = ("fe_", "fx_", "kp_", "kr_", "up_", "ur_")
+SETTLE_S = 10          # after an agent stops: detaching keeps the emulated CPUs busy
 
 
 def worker(iterations: int) -> None:
@@ -69,20 +79,23 @@ def run_worker(iterations: int) -> dict:
     return json.loads(out.stdout)
 
 
-def start_agent(mode: str) -> subprocess.Popen:
-    agent = subprocess.Popen([sys.executable, "-m", "tracehound", "run", "--hook-mode", mode,
-                              "--listen", "127.0.0.1:0"], stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, text=True)
-    lines = []
-    while True:
-        line = agent.stdout.readline()
-        if not line:
-            raise SystemExit("rdma-verbs: agent exited:\n" + "".join(lines))
-        lines.append(line)
-        if line.startswith("tracehound: rdma:"):
-            raise SystemExit("rdma-verbs: " + line)
-        if line.startswith("tracehound: probe rdma.verbs"):   # the last RDMA group reported
+def start_agent(flags, log: Path) -> subprocess.Popen:
+    """The agent, its output in `log` (a pipe nobody reads would fill and stop it)."""
+    with open(log, "w") as out:
+        agent = subprocess.Popen([sys.executable, "-m", "tracehound", "run", *flags,
+                                  "--listen", "127.0.0.1:0"], stdout=out, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline:
+        text = log.read_text()
+        if agent.poll() is not None:
+            raise SystemExit("rdma-verbs: agent exited:\n" + text)
+        if "tracehound: rdma:" in text:
+            raise SystemExit("rdma-verbs: " + text)
+        if "tracehound: probe rdma.verbs" in text:   # the last RDMA group reported
             return agent
+        time.sleep(0.2)
+    agent.kill()
+    raise SystemExit("rdma-verbs: the agent did not start in 300 s:\n" + log.read_text())
 
 
 def guest(out: Path, iterations: int, rounds: int) -> None:
@@ -93,29 +106,40 @@ def guest(out: Path, iterations: int, rounds: int) -> None:
         subprocess.run(cmd.split(), check=True)
     time.sleep(2)
     run_worker(20)   # warm caches: imports, the provider library
-    results = {}
-    for name, mode in CONDITIONS:
-        print(f"rdma-verbs: {name}", flush=True)
-        agent = start_agent(mode) if mode else None
-        Path("/proc/sys/kernel/bpf_stats_enabled").write_text("1" if agent else "0")
-        before = programs()
-        samples = {v: [] for v in VERBS}
-        for _ in range(rounds):
+    samples = {name: {v: [] for v in VERBS} for name, _ in CONDITIONS}
+    stats = {name: {} for name, _ in CONDITIONS}
+    for r in range(rounds):
+        # each round starts one condition later, so no condition always follows
+        # the same one (an agent's teardown keeps the emulated CPUs busy a while)
+        for name, flags in CONDITIONS[r % len(CONDITIONS):] + CONDITIONS[:r % len(CONDITIONS)]:
+            print(f"rdma-verbs: round {r + 1}/{rounds}: {name}", flush=True)
+            log = out / f"agent-{name}.log"
+            agent = start_agent(flags, log) if flags else None
+            Path("/proc/sys/kernel/bpf_stats_enabled").write_text("1" if agent else "0")
+            before = programs()
             for verb, ns in run_worker(iterations).items():
-                samples[verb] += ns
-        after = programs()
-        Path("/proc/sys/kernel/bpf_stats_enabled").write_text("0")
-        if agent:
-            agent.terminate()
-            agent.wait(timeout=60)
-        per_prog = {}
-        for pid, (pname, cnt, ns) in after.items():
-            c0, n0 = before.get(pid, (pname, 0, 0))[1:]
-            if cnt > c0:
-                per_prog[pname] = {"runs": cnt - c0, "ns_per_run": round((ns - n0) / (cnt - c0), 1)}
+                samples[name][verb] += ns
+            after = programs()
+            Path("/proc/sys/kernel/bpf_stats_enabled").write_text("0")
+            if agent:
+                agent.terminate()
+                agent.wait(timeout=60)
+                time.sleep(SETTLE_S)
+                lines = log.read_text().splitlines()
+                print(f"rdma-verbs: {name}: agent wrote {len(lines)} lines; last: "
+                      f"{lines[-1] if lines else ''}", flush=True)
+                log.unlink()
+            for pid, (pname, cnt, ns) in after.items():
+                c0, n0 = before.get(pid, (pname, 0, 0))[1:]
+                runs, total = stats[name].get(pname, (0, 0))
+                stats[name][pname] = (runs + cnt - c0, total + ns - n0)
+    results = {}
+    for name, _ in CONDITIONS:
+        per_prog = {p: {"runs": runs, "ns_per_run": round(total / runs, 1)}
+                    for p, (runs, total) in stats[name].items() if runs}
         results[name] = {
-            "median_ns": {v: statistics.median(s) for v, s in samples.items()},
-            "p90_ns": {v: sorted(s)[int(len(s) * 0.9)] for v, s in samples.items()},
+            "median_ns": {v: statistics.median(s) for v, s in samples[name].items()},
+            "p90_ns": {v: sorted(s)[int(len(s) * 0.9)] for v, s in samples[name].items()},
             "programs": per_prog,
             "bpf_ns_per_cycle": round(sum(p["runs"] * p["ns_per_run"] for p in per_prog.values())
                                       / (iterations * rounds), 1),
@@ -129,9 +153,13 @@ def report(data: dict, kernel: str) -> str:
     base = res["baseline"]["median_ns"]
     intro = (f"Kernel {kernel} under QEMU without KVM, rdma_rxe on a veth. A pyverbs worker runs "
              f"reg_mr, create_qp, destroy_qp, dereg_mr {data['iterations']} times per round, "
-             f"{data['rounds']} rounds per condition. Emulation inflates every number: compare "
-             "conditions with each other only. `baseline-after` repeats the baseline last to show "
-             "drift; differences smaller than that drift are noise.")
+             f"{data['rounds']} rounds; the conditions take turns within each round, each round starting "
+             f"one condition later, with {SETTLE_S} s of quiet after each agent stops. Emulation "
+             "inflates every number (a trap into the kernel costs far more than on hardware): "
+             "compare conditions with each other only. `fentry` and `kprobe` are the kernel's "
+             "view alone (`--rdma-app-view off`), `fentry+app` adds the application view. "
+             "`baseline-again` is a second baseline: the difference between the two is the noise "
+             "of the run; differences smaller than it are noise.")
     lines = ["# RDMA probe cost on control-path verbs (soft-RoCE, Debian 6.1, emulated)", "", intro, "",
              "## Median wall time per verb (µs), and the change against the first baseline", "",
              "| condition | " + " | ".join(VERBS) + " | BPF ns per cycle (bpf_stats) |",
@@ -145,9 +173,24 @@ def report(data: dict, kernel: str) -> str:
         lines.append(f"| {name} | " + " | ".join(cells) + f" | {r['bpf_ns_per_cycle']:.0f} |")
     note = ("A cycle is one reg_mr + create_qp + destroy_qp + dereg_mr. BPF ns per cycle is "
             "the run time of every RDMA program (bpf_stats) divided by the cycles: the probe's "
-            "own cost, without the trampoline or kprobe entry around it.")
+            "own cost, without the trampoline, kprobe or uprobe entry around it.")
     lines += ["", note, ""]
-    for name in ("fentry", "kprobe"):
+    kern, app = res["fentry"]["median_ns"], res["fentry+app"]["median_ns"]
+    drift = res["baseline-again"]["median_ns"]
+    lines += ["## The application view's cost per verb (uprobe + uretprobe)", "",
+              "The same run with the application view (`fentry+app`) and without it (`fentry`): "
+              "the difference is what the two uprobes of each verb add (the trap into the kernel "
+              "and back, twice, and the programs), as a share of the verb's own time without any "
+              "agent. The noise column is the second baseline against the first: a difference "
+              "smaller than it is within noise.", "",
+              "| verb | verb alone (µs) | added by the uprobes (µs) | share of the verb | noise (µs) |",
+              "|---|---:|---:|---:|---:|"]
+    for v in VERBS:
+        added = (app[v] - kern[v]) / 1000
+        lines.append(f"| {v} | {base[v] / 1000:.1f} | {added:+.1f} | {added * 1000 / base[v]:+.1%} "
+                     f"| {(drift[v] - base[v]) / 1000:+.1f} |")
+    lines.append("")
+    for name in ("fentry", "fentry+app", "kprobe"):
         lines += [f"## Programs in {name} mode", "", "| program | runs | ns per run |", "|---|---:|---:|"]
         for pname, p in sorted(res[name]["programs"].items()):
             lines.append(f"| {pname} | {p['runs']} | {p['ns_per_run']} |")
