@@ -1,8 +1,11 @@
 """The application's view (libibverbs) against the kernel's, per process:
 which differences are anomalies, and when."""
+import os
+
 from tracehound.detect import rdma as d
 from tracehound.detect.rdma_views import compare
-from tracehound.probes.rdma_maps import OBJ_F_SEEDED, OBJ_F_USER, AppObject, MirrorObject, RdmaSnapshot
+from tracehound.probes.rdma_maps import (OBJ_F_SEEDED, OBJ_F_USER, AppObject, MirrorObject,
+                                         RdmaSnapshot, app_key)
 
 CTX = 0x1000
 SINCE = 1_000
@@ -118,3 +121,51 @@ def test_a_process_that_exited_is_not_a_disagreement():
     dead.clear()                        # the same view for a live process is one
     det.check_views(snap(apps, []), now=11, since_ns=SINCE)
     assert {e["kind"] for e in events} == {"app_only_objects"}
+
+
+class AppProbe:
+    """A started probe with the application view, over fixed snapshots."""
+
+    def __init__(self, snaps):
+        self.snaps = snaps
+        self.forgotten, self.asked = [], []
+        self.app_since_ns = SINCE
+
+    def snapshot(self, objects=True):
+        return self.snaps[0]
+
+    def modes(self):
+        return {"rdma.restrack": "fentry", "rdma.app": "uprobe"}
+
+    def forget_app_objects(self, keys):
+        self.forgotten += keys
+
+    def attach_libraries(self, paths):
+        self.asked.append(paths)
+        return []
+
+
+def test_the_watcher_drops_records_of_closed_contexts_and_of_processes_gone_for_the_grace():
+    apps, kernel = healthy()
+    apps.append(app("pd", 0x7000, 5, context=0x9000))              # its context was closed
+    apps.append(app("ctx", 0x8000, tgid=301))                      # a process that exited
+    probe = AppProbe([snap(apps, kernel, closed={(300, 0x9000)})])
+    det, events = detector(grace=5, alive=lambda pid: pid != 301)
+    w = d.RdmaWatcher(probe, det, kernel_view=lambda: probe.snapshot().object_counts(),
+                      object_interval=1.0)
+    w.run_once(now=0)
+    assert probe.forgotten == [app_key(apps[-2])]                  # the closed context's PD
+    w.run_once(now=6)
+    assert app_key(apps[-1]) in probe.forgotten                    # 301, gone for 6 s > 5
+    assert events == []
+
+
+def test_the_watcher_looks_for_the_library_of_a_process_it_never_saw_open():
+    apps, kernel = healthy()
+    kernel.append(kern("qp", 40, tgid=os.getpid()))                # created after the attach
+    probe = AppProbe([snap(apps, kernel)])
+    det, _ = detector()
+    w = d.RdmaWatcher(probe, det, kernel_view=lambda: probe.snapshot().object_counts())
+    w.run_once(now=0)
+    w.run_once(now=2)
+    assert len(probe.asked) == 1                                   # once per process

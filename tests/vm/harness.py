@@ -320,3 +320,10 @@ def assert_check(result: VmResult, data: dict, name: str) -> None:
     check = data["checks"].get(name)
     assert check is not None, f"check {name} never ran; guest output:\n{result.output[-6000:]}"
     assert check["ok"], f"{name}: {check['detail']}"
+
+
+def assert_completed(result: VmResult, data: dict) -> None:
+    """The guest scenario ran to its end (every check after that is its own test)."""
+    assert result.returncode == 0, \
+        f"guest scenario failed (exit {result.returncode}):\n{result.output[-6000:]}"
+    assert "scenario_s" in data["timings"], result.output[-6000:]

@@ -26,14 +26,17 @@ from rdma_guest_checks import (CG, DEVICE, GRACE_S, NO_CAP_IPC_LOCK, PY, TYPES, 
                                wait_until)
 
 APP_CG = "/rdmatest/app"
+# a Slurm task's cgroup, as slurmd lays it out: its events name job 77
+JOB_CG = "/system.slice/slurmstepd.scope/job_77/step_0/user/task_0"
 VIEW_KINDS = ("app_only_objects", "kernel_only_objects")
 
 
 class Misuse:
     """verbs_misuse (C, libibverbs) started in a cgroup."""
 
-    def __init__(self, binary: str, mode: str, env=None):
-        procs = f"{CG}{APP_CG}/cgroup.procs"
+    def __init__(self, binary: str, mode: str, env=None, cgroup: str = APP_CG):
+        os.makedirs(f"{CG}{cgroup}", exist_ok=True)
+        procs = f"{CG}{cgroup}/cgroup.procs"
         self.proc = subprocess.Popen(["sh", "-c", 'echo $$ > "$0" && exec "$@"', procs, binary,
                                       DEVICE, mode], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.STDOUT, text=True, env=env)
@@ -79,47 +82,61 @@ def clean_runs(c: Checks, agent: Agent) -> None:
              view_anomalies(agent, pid=app.pid))
     app.exit()
 
-    # ibv_rc_pingpong: a server and a client exchanging 500 messages on rxe0
+    # ibv_rc_pingpong and perftest's ib_write_bw: a server and a client on rxe0
+    for check, argv, port in (
+            ("pingpong_no_view_anomaly", ["ibv_rc_pingpong", "-d", DEVICE, "-g", "0",
+                                          "-n", "500"], "18515"),
+            ("perftest_no_view_anomaly", ["ib_write_bw", "-d", DEVICE, "-x", "0", "-n", "500",
+                                          "-s", "65536"], "18516")):
+        ok, out = client_server(argv, port)
+        time.sleep(GRACE_S + 1.5)
+        bad = view_anomalies(agent, comm=argv[0][:15])
+        c.record(check, ok and not bad, f"{out}\n{bad}")
+
+
+def client_server(argv: list[str], port: str) -> tuple[bool, str]:
+    """A server and a client of one perftest-style tool on the same device,
+    both in the test cgroup; whether both succeeded, and what they said."""
     procs = f"{CG}{APP_CG}/cgroup.procs"
-    run = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', procs, "ibv_rc_pingpong", "-d", DEVICE,
-           "-g", "0", "-n", "500"]
-    server = subprocess.Popen(run + ["-p", "18515"], stdout=subprocess.PIPE,
-                              stderr=subprocess.STDOUT, text=True)
-    time.sleep(1.0)
-    client = subprocess.run(run + ["-p", "18515", "localhost"], capture_output=True, text=True,
-                            timeout=120)
-    server_out = server.communicate(timeout=60)[0]
+    run = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', procs, *argv, "-p", port]
+    server = subprocess.Popen(run, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    time.sleep(1.5)
+    client = subprocess.run(run + ["localhost"], capture_output=True, text=True, timeout=180)
+    try:
+        server_out = server.communicate(timeout=60)[0]
+    except subprocess.TimeoutExpired:
+        server.kill()
+        server_out = server.communicate()[0]
     ok = client.returncode == 0 and server.returncode == 0
-    time.sleep(GRACE_S + 1.5)
-    c.record("pingpong_no_view_anomaly", ok and not view_anomalies(agent, comm="ibv_rc_pingpong"),
-             f"rc {client.returncode}/{server.returncode}\n{client.stdout}{client.stderr}"
-             f"{server_out}\n{view_anomalies(agent)}")
+    return ok, (f"{argv[0]}: rc {client.returncode}/{server.returncode}\n{client.stdout}"
+                f"{client.stderr}{server_out}")
 
 
 def refused_destroy(c: Checks, agent: Agent, binary: str) -> None:
     """ibv_destroy_cq on a CQ a QP still uses: EBUSY; the program carries on."""
     t0 = time.time()
-    app = Misuse(binary, "busy-cq")
+    app = Misuse(binary, "busy-cq", cgroup=JOB_CG)
     refused = app.ready["destroy_cq"] == "16"
     events = wait_until(lambda: anomaly_events(agent, "kernel_only_objects", pid=app.pid,
                                                type="cq"), GRACE_S + 5, 0.2)
     e = events[0] if events else {}
     released = e.get("released_by_app") or [{}]
     c.record("refused_destroy_flagged",
-             refused and e.get("cgroup") == APP_CG and e.get("comm") == "verbs_misuse"
+             refused and e.get("cgroup") == JOB_CG and e.get("comm") == "verbs_misuse"
+             and (e.get("workload"), e.get("job_id")) == ("slurm", "77")
              and e.get("device") == DEVICE and released[0].get("destroy_errno") == "EBUSY",
              f"destroy_cq returned {app.ready['destroy_cq']}; events {events}")
     if events:
         c.timing("refused_destroy_flagged_after_s", time.time() - t0)
     errors = agent.value("tracehound_rdma_app_verb_errors_total", op="destroy_cq", errno="EBUSY",
-                         device=DEVICE, cgroup=APP_CG)
+                         device=DEVICE, cgroup=JOB_CG, job_id="77")
     c.record("app_verb_error_has_its_owner", errors >= 1,
              agent.by_label("tracehound_rdma_app_verb_errors_total", "op"))
-    show = subprocess.run([PY, "-m", "tracehound", "rdma", "show", "--pid", str(app.pid)],
+    show = subprocess.run([PY, "-m", "tracehound", "rdma", "show", "--job", "77"],
                           capture_output=True, text=True, check=False)
     c.record("rdma_show_says_released",
-             any(ln.split()[1:2] == ["cq"] and " released " in ln for ln in show.stdout.splitlines()),
-             show.stdout + show.stderr)
+             any(ln.split()[1:2] == ["cq"] and " released " in ln and "job 77" in ln
+                 for ln in show.stdout.splitlines()), show.stdout + show.stderr)
     app.end()
 
 
