@@ -26,13 +26,13 @@ import errno
 import json
 import os
 import platform
-import re
 import struct
 import subprocess
 import sys
 import time
 from pathlib import Path
 
+from tracehound.bpf.held import held_ids
 from tracehound.host.mounts import MountTable
 
 # bpf(2) commands, uapi linux/bpf.h
@@ -181,20 +181,6 @@ def io_worker(parent: str, mounts: list[str]) -> int:
     return 0
 
 
-def map_ids_of(pid: int) -> set[int]:
-    """Maps the process holds an fd of. Going by the owner rather than by name
-    alone keeps another agent's io_stats (a test run, a second bench) out."""
-    ids = set()
-    for fd in os.listdir(f"/proc/{pid}/fdinfo"):
-        try:
-            m = re.search(r"^map_id:\s*(\d+)", Path(f"/proc/{pid}/fdinfo/{fd}").read_text(), re.M)
-        except OSError:
-            continue
-        if m:
-            ids.add(int(m.group(1)))
-    return ids
-
-
 def open_map(map_id: int) -> tuple[int, _MapInfo]:
     fd = bpf(BPF_MAP_GET_FD_BY_ID, _GetFdById(map_id=map_id))
     info = _MapInfo()
@@ -211,7 +197,8 @@ def find_map(pid: int, name: str, suffix: bool = False) -> tuple[int, _MapInfo]:
     """`suffix`: match the end of the kernel's name (global-data maps are
     named after the object, e.g. io.bss)."""
     found = []
-    for map_id in sorted(map_ids_of(pid)):
+    # by the holder, not by name alone: another agent's io_stats stays out
+    for map_id in sorted(held_ids(pid)["map"]):
         fd, info = open_map(map_id)
         got = info.name.decode()
         if got == name or (suffix and got.endswith(name)):

@@ -18,6 +18,7 @@ import threading
 import time
 from pathlib import Path
 
+from tracehound.bpf.held import held_ids
 from tracehound.host.mounts import MountTable
 
 REPO = Path(__file__).resolve().parent.parent
@@ -50,25 +51,6 @@ def agent_has_option(agent: list[str], option: str) -> bool:
 
 
 # ---- programs a process owns -------------------------------------------------
-
-def owned_prog_ids(pid: int) -> set[int]:
-    """BPF programs held by a process, through its prog and link fds. Diffing
-    the global program list would also catch whatever else loads BPF on the
-    machine meanwhile (tests, other agents)."""
-    ids = set()
-    fd_dir = Path(f"/proc/{pid}/fd")
-    for fd in os.listdir(fd_dir):
-        try:
-            target = os.readlink(fd_dir / fd)
-            if "bpf-prog" not in target and "bpf_link" not in target:
-                continue
-            m = re.search(r"^prog_id:\s*(\d+)", Path(f"/proc/{pid}/fdinfo/{fd}").read_text(), re.M)
-        except OSError:
-            continue
-        if m:
-            ids.add(int(m.group(1)))
-    return ids
-
 
 def prog_stats(ids: set[int]) -> dict[int, dict]:
     progs = json.loads(sh(["bpftool", "prog", "show", "-j"]))
@@ -156,7 +138,7 @@ class Tool:
         # programs it holds stops changing
         last, stable_since = set(), time.monotonic()
         while time.monotonic() < deadline:
-            ids = owned_prog_ids(self.proc.pid)
+            ids = held_ids(self.proc.pid)["prog"]
             if ids != last:
                 last, stable_since = ids, time.monotonic()
             elif ids and time.monotonic() - stable_since > 0.7:

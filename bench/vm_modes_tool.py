@@ -13,23 +13,8 @@ import threading
 import time
 from pathlib import Path
 
+from tracehound.bpf.held import held_ids
 from vm_modes_common import sh
-
-
-def owned_prog_ids(pid: int) -> set[int]:
-    """Programs a process holds through its prog and link fds: whatever else
-    loads BPF meanwhile is not charged to it."""
-    ids = set()
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            if not re.search(r"bpf-prog|bpf_link", os.readlink(f"/proc/{pid}/fd/{fd}")):
-                continue
-            m = re.search(r"^prog_id:\s*(\d+)", Path(f"/proc/{pid}/fdinfo/{fd}").read_text(), re.M)
-        except OSError:
-            continue
-        if m:
-            ids.add(int(m.group(1)))
-    return ids
 
 
 def prog_runs(pid: int) -> dict[int, tuple[int, int]]:
@@ -82,7 +67,7 @@ class Tool:
         # ready may be printed while still attaching: wait for the program set to settle
         last, since = set(), time.monotonic()
         while time.monotonic() < deadline:
-            ids = owned_prog_ids(self.proc.pid)
+            ids = held_ids(self.proc.pid)["prog"]
             if ids != last:
                 last, since = ids, time.monotonic()
             elif ids and time.monotonic() - since > 1.0:

@@ -84,9 +84,9 @@ def test_latency_histograms_per_mount(hook_mode, cgroup_root, cgroup, tmpfs):
 
 
 def _program_names(pid: int) -> set[str]:
-    from tests.kernel.test_kill_points import bpf_ids
+    from tracehound.bpf.held import held_ids
     names = set()
-    for ident in bpf_ids(pid)["prog"]:
+    for ident in held_ids(pid)["prog"]:
         res = subprocess.run(["bpftool", "prog", "show", "id", str(ident), "-j"],
                              capture_output=True, text=True)
         if res.returncode == 0:

@@ -6,7 +6,6 @@ The agent pins nothing, so the kernel frees its objects with its last file
 descriptor; this checks that promise against the kernel's own view (bpftool)
 rather than trusting it."""
 import os
-import re
 import signal
 import subprocess
 import threading
@@ -17,24 +16,10 @@ import pytest
 
 from tests.conftest import tracehound_cmd
 from tests.kernel.conftest import run_in_cgroup, series, start_agent, stop_agent
+from tracehound.bpf.held import held_ids
 
 # seconds after the process holds its first BPF object; "scrape": during a /metrics read
 POINTS = ("load+0", "load+0.02", "load+0.1", "load+0.3", "serving", "scrape")
-
-
-def bpf_ids(pid: int) -> dict[str, set[int]]:
-    """Program and map ids the process holds, from its fds."""
-    out = {"prog": set(), "map": set()}
-    for fd in os.listdir(f"/proc/{pid}/fdinfo"):
-        try:
-            info = open(f"/proc/{pid}/fdinfo/{fd}").read()
-        except OSError:
-            continue
-        for kind in out:
-            m = re.search(rf"^{kind}_id:\s*(\d+)", info, re.M)
-            if m:
-                out[kind].add(int(m.group(1)))
-    return out
 
 
 def exists(kind: str, ident: int) -> bool:
@@ -44,7 +29,7 @@ def exists(kind: str, ident: int) -> bool:
 
 
 def holds_bpf(pid: int) -> bool:
-    ids = bpf_ids(pid)
+    ids = held_ids(pid)
     return bool(ids["prog"] or ids["map"])
 
 
@@ -66,16 +51,16 @@ def test_sigkill_leaves_nothing_and_a_restart_counts(hook_mode, point, cgroup_ro
                 time.sleep(0.002)
             end = time.monotonic() + float(point.split("+")[1])
             while time.monotonic() < end:       # what it holds up to the kill
-                for kind, ids in bpf_ids(proc.pid).items():
+                for kind, ids in held_ids(proc.pid).items():
                     held[kind] |= ids
         else:
-            held = bpf_ids(proc.pid)
+            held = held_ids(proc.pid)
         if point == "scrape":
             reader = threading.Thread(target=lambda: _scrape_ignoring_errors(agent.url),
                                       daemon=True)
             reader.start()
             time.sleep(0.01)
-        for kind, ids in bpf_ids(proc.pid).items():
+        for kind, ids in held_ids(proc.pid).items():
             held[kind] |= ids
         proc.send_signal(signal.SIGKILL)
         proc.wait(timeout=10)

@@ -7,7 +7,6 @@ the signal lands in a different phase: `before-load` as soon as the agent has
 taken both signals (SIGTERM enters SigCgt in /proc/PID/status: the preflight
 checks), `load+D` D seconds after the process holds its first BPF object
 (loading, attaching, starting the exporter, serving)."""
-import os
 import signal
 import subprocess
 import time
@@ -15,6 +14,7 @@ import time
 import pytest
 
 from tests.conftest import tracehound_cmd
+from tracehound.bpf.held import held_ids
 
 MOMENTS = ("before-load", "load+0", "load+0.05", "load+0.15", "load+0.3", "load+0.6")
 
@@ -28,13 +28,7 @@ def takes_sigterm(pid: int) -> bool:
 def holds_bpf(pid: int) -> bool:
     """A BPF map, program or link (not a file with bpf in its path: the
     interpreter opens tracehound/bpf/*.py while importing)."""
-    for fd in os.listdir(f"/proc/{pid}/fd"):
-        try:
-            if os.readlink(f"/proc/{pid}/fd/{fd}").startswith("anon_inode:bpf"):
-                return True
-        except OSError:
-            pass
-    return False
+    return any(held_ids(pid).values())
 
 
 def wait_for(proc, moment: str) -> None:
