@@ -27,9 +27,9 @@ import urllib.request
 from pathlib import Path
 
 from overhead_report import CONDITIONS, WORKLOADS, write_reports
-from overhead_tools import (REPO, Tool, agent_has_option, enable_stats, facts, fio_cmd, log,
-                            mount_id_of, mount_offset, prog_stats, run_fio, stats_delta, summarize,
-                            tree_env)
+from overhead_tools import (REPO, agent_has_option, enable_stats, facts, fio_cmd, log, mount_id_of,
+                            mount_offset, prog_stats, run_fio, stats_delta, summarize, tree_env)
+from tracer import Tool
 
 from tracehound.progress import steps
 

@@ -1,5 +1,5 @@
-"""Helpers of bench/overhead.py: the tracers as background processes, the BPF
-programs they own and their run statistics, fio, and the numbers drawn from
+"""Helpers of bench/overhead.py (the tracers themselves run as tracer.Tool):
+the BPF programs' run statistics, fio, and the numbers drawn from
 interleaved rounds."""
 from __future__ import annotations
 
@@ -9,16 +9,12 @@ import errno
 import json
 import os
 import platform
-import queue
 import re
-import signal
 import statistics
 import subprocess
-import threading
 import time
 from pathlib import Path
 
-from tracehound.bpf.held import held_ids
 from tracehound.host.mounts import MountTable
 
 REPO = Path(__file__).resolve().parent.parent
@@ -97,83 +93,7 @@ def enable_stats() -> int:
     return fd
 
 
-# ---- tools under test --------------------------------------------------------
-
-class Tool:
-    """A tracer running in the background; output is drained by a thread so
-    a full pipe never stalls it."""
-
-    def __init__(self, name: str, cmd: list[str], ready: str, stop_sig: int, env: dict | None = None):
-        self.name, self.cmd, self.ready, self.stop_sig, self.env = name, cmd, ready, stop_sig, env
-        self.lines: list[str] = []
-        self.q: queue.Queue = queue.Queue()
-        self.proc: subprocess.Popen | None = None
-        self.prog_ids: set[int] = set()
-
-    def _drain(self) -> None:
-        for line in self.proc.stdout:
-            self.lines.append(line.rstrip("\n"))
-            self.q.put(line)
-        self.q.put(None)
-
-    def start(self, timeout: float = 60) -> None:
-        self.lines = []
-        self.q = queue.Queue()
-        self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, start_new_session=True, env=self.env)
-        self.drainer = threading.Thread(target=self._drain, daemon=True)
-        self.drainer.start()
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                line = self.q.get(timeout=max(0.1, deadline - time.monotonic()))
-            except queue.Empty:
-                line = None
-            if line is None or time.monotonic() > deadline:
-                self.stop()
-                raise RuntimeError(f"{self.name} did not get ready:\n" + "\n".join(self.lines[-20:]))
-            if re.search(self.ready, line):
-                break
-        # "ready" is printed before or while attaching: wait until the set of
-        # programs it holds stops changing
-        last, stable_since = set(), time.monotonic()
-        while time.monotonic() < deadline:
-            ids = held_ids(self.proc.pid)["prog"]
-            if ids != last:
-                last, stable_since = ids, time.monotonic()
-            elif ids and time.monotonic() - stable_since > 0.7:
-                break
-            time.sleep(0.1)
-        if not last:
-            self.stop()
-            raise RuntimeError(f"{self.name} holds no BPF programs")
-        self.prog_ids = last
-
-    def check_alive(self) -> None:
-        """A tracer that died mid-run would make its round a baseline round."""
-        if self.proc.poll() is not None:
-            self.drainer.join(timeout=5)
-            raise RuntimeError(f"{self.name} exited ({self.proc.returncode}) during the run:\n"
-                               + "\n".join(self.lines[-20:]))
-
-    def stop(self) -> None:
-        if not self.proc or self.proc.poll() is not None:
-            return
-        try:
-            self.proc.send_signal(self.stop_sig)
-            self.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-        self.drainer.join(timeout=5)  # bpftrace prints its maps on the way out
-
-    def url(self) -> str | None:
-        for line in self.lines:
-            m = re.search(r"serving metrics on (\S+)", line)
-            if m:
-                return m.group(1)
-        return None
-
+# ---- the kernel and the mounts the tools see ----------------------------------
 
 def mount_offset() -> int:
     """Offset of struct vfsmount inside struct mount, from the kernel's BTF."""
