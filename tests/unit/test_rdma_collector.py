@@ -291,3 +291,27 @@ def test_process_view_adds_the_applications_view_as_a_third_column():
     assert " released " in text
     # without an application view the column says it does not know
     assert "objects (kernel/mirror): " in format_view(build_view(kernel, [], {0: "rxe0"}, pid=319))
+
+
+def test_a_missing_application_view_is_a_note_not_an_unknown_kernel(monkeypatch):
+    from tracehound.commands import rdma_show
+    from tracehound.errors import TracehoundError
+    from tracehound.probes import rdma as probe_mod
+
+    class Pinned:
+        def __init__(self, path, app=False):
+            if app:
+                raise TracehoundError("no applications' table pinned")
+
+        def items(self):
+            return [obj(0, kernel_view.TYPES.index("qp"), 17, 319, 42, c.OBJ_F_USER, "python3")]
+
+        def close(self):
+            pass
+    monkeypatch.setattr(kernel_view, "objects", lambda: kernel_view.parse_objects("qp", QPS))
+    monkeypatch.setattr(kernel_view, "devices", lambda: {0: "rxe0"})
+    monkeypatch.setattr(probe_mod, "PinnedObjects", Pinned)
+    view = rdma_show.process_view(319)
+    assert view.kernel_known and view.mirror_known and not view.app_known
+    assert view.notes == ["app: the agent has no application view (see its log)"]
+    assert [(r.type, r.id, r.in_kernel, r.in_mirror) for r in view.rows] == [("qp", 17, True, True)]

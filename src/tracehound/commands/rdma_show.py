@@ -118,10 +118,7 @@ def _group(app_objects) -> dict:
 
 
 def process_view(pid: int | None = None) -> ProcessView:
-    """Both views of `pid` (of every process when None), read now."""
-    from ..probes.rdma import APP_PIN, OBJECTS_PIN, PinnedObjects
-    from ..probes.rdma_maps import decode_app_object, decode_object
-
+    """The three views of `pid` (of every process when None), read now."""
     notes = []
     try:
         kernel = kernel_view.objects()   # build_view keeps the rows of `pid`
@@ -129,23 +126,27 @@ def process_view(pid: int | None = None) -> ProcessView:
     except kernel_view.RdmaToolError as exc:
         kernel, devices = [], {}
         notes.append(f"kernel: {exc}")
-    mirror = _pinned(PinnedObjects, decode_object, OBJECTS_PIN, False)
-    app = _pinned(PinnedObjects, decode_app_object, APP_PIN, True)
+    mirror, app = _pinned(app=False), _pinned(app=True)
+    view = build_view(kernel, mirror, devices, pid, app_objects=app)
+    view.kernel_known = not notes
     if mirror is not None and app is None:
         notes.append("app: the agent has no application view (see its log)")
-    view = build_view(kernel, mirror, devices, pid, app_objects=app)
     view.notes[:0] = notes
-    view.kernel_known = not notes
     return view
 
 
-def _pinned(opener, decode, path: str, app: bool):
-    """The decoded rows of a table the agent pinned, or None without one."""
+def _pinned(app: bool):
+    """The decoded rows of the mirror (or with `app` the applications' view)
+    a running agent pinned, or None without one."""
     from ..errors import TracehoundError
+    from ..probes.rdma import APP_PIN, OBJECTS_PIN, PinnedObjects
+    from ..probes.rdma_maps import decode_app_object, decode_object
+
     try:
-        pinned = opener(path, app=app)
+        pinned = PinnedObjects(APP_PIN if app else OBJECTS_PIN, app=app)
     except TracehoundError:
         return None
+    decode = decode_app_object if app else decode_object
     try:
         return [decode(k, v) for k, v in pinned.items()]
     finally:
