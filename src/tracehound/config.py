@@ -20,7 +20,15 @@ class AgentConfig:
     rdma_grace_s: float = defaults.RDMA_GRACE_S
     rdma_max_objects: int = defaults.RDMA_MAX_OBJECTS
     rdma_app_view: bool = True
+    net_max_cgroups: int = defaults.NET_MAX_CGROUPS
+    net_max_sockets: int = defaults.NET_MAX_SOCKETS
+    # sock_diag in every network namespace a process is in, not only the agent's
+    net_all_netns: bool = True
     latency_histograms: str = defaults.LATENCY_HISTOGRAMS
     # probes (of defaults.LATENCY_PROBES) whose calls are timed, unless
     # latency_histograms is off
     latency: frozenset[str] = frozenset(defaults.LATENCY_PROBES)
+    # a workload idle (or all stopped) this long is stalled; 0: detector off
+    stall_after_s: float = defaults.STALL_AFTER_S
+    stall_cgroups: str | None = None
+    pressure_max_cgroups: int = defaults.PRESSURE_MAX_CGROUPS

@@ -25,6 +25,14 @@ RDMA_MAX_OBJECTS = 16384
 # how long RDMA objects may outlive their process, or the mirror disagree
 # with the kernel, before it is an anomaly
 RDMA_GRACE_S = 10.0
+# capacity of the net probe's per-cgroup TCP counters in the kernel
+NET_MAX_CGROUPS = 4096
+# established TCP sockets one sock_diag scan reads before it stops
+NET_MAX_SOCKETS = 20000
+
+# how long a job may move nothing (or stay stopped) before it is stalled:
+# longer than a checkpoint's quiet compute phase, shorter than NCCL's timeout
+STALL_AFTER_S = 300.0
 
 POD_LOGS_DIR = "/var/log/pods"
 CONTAINER_LOGS_DIR = "/var/log/containers"
@@ -32,3 +40,6 @@ CONTAINER_LOGS_DIR = "/var/log/containers"
 # how often each subsystem's detector looks, independent of scrapes
 RDMA_DETECT_INTERVAL_S = 0.25
 GPU_DETECT_INTERVAL_S = 5.0
+
+# cgroup directories the pressure collector reads per scrape
+PRESSURE_MAX_CGROUPS = 4096

@@ -173,6 +173,7 @@ class GpuCollector:
             samples = self._read_all()
             wl_cache: dict[int, dict] = {}
             _, misplaced = self._process_rows(samples, wl_cache)
+            self.gpu_pids = frozenset(pid for s in samples.values() for pid in s.processes)
             out = []
             for gpu in self.gpus:
                 s = samples.get(gpu.index)

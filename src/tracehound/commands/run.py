@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import argparse
 import math
+import re
 import threading
 import urllib.parse
 
@@ -46,6 +47,14 @@ def _seconds(low: float, high: float):
                                              f"and at most {high:g} seconds")
         return x
     return parse
+
+
+def _regex(value: str) -> str:
+    try:
+        re.compile(value)
+    except re.error as exc:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a regular expression: {exc}") from None
+    return value
 
 
 def _http_url(value: str) -> str:
@@ -125,6 +134,16 @@ def add_parser(sub, hook) -> None:
     run.add_argument("--rdma-app-view", choices=("on", "off"), default="on",
                      help="uprobes on libibverbs for the applications' view of their RDMA "
                           "objects and verb errors (default on)")
+    run.add_argument("--stall-after", type=_seconds(0, MAX_GRACE_S), default=defaults.STALL_AFTER_S,
+                     metavar="SECONDS",
+                     help="a job (Slurm job, pod, VM, or a cgroup matching --stall-cgroups) whose "
+                          "processes are all stopped, or that moved data and then nothing for "
+                          "this long, is a job_stalled event (default "
+                          f"{defaults.STALL_AFTER_S:g}; 0: off)")
+    run.add_argument("--stall-cgroups", type=_regex, metavar="REGEX",
+                     help="also watch for stalls the cgroups whose v2 path matches this regular "
+                          "expression (whole path, e.g. '/batch/.*'); systemd units are not "
+                          "watched unless named here")
     run.set_defaults(handler=_run, takes_signals=True)
 
 
@@ -143,4 +162,5 @@ def _run(args) -> int:
                            rdma_app_view=args.rdma_app_view == "on",
                            mountinfo=args.mountinfo,
                            latency_histograms=args.latency_histograms,
-                           latency=args.latency), stop=stop)
+                           latency=args.latency, stall_after_s=args.stall_after,
+                           stall_cgroups=args.stall_cgroups), stop=stop)

@@ -302,6 +302,9 @@ class RdmaWatcher:
         self._kernel_ok = True
         self._looked_at: set[int] = set()     # processes whose libraries were looked for
         self._gone_since: dict[int, float] = {}
+        # cgroups holding user RDMA objects at the last look: their data moves
+        # by RDMA, which no progress source counts
+        self.holders: frozenset[int] = frozenset()
 
     def _check_views(self, snap, now: float) -> None:
         cmp = self.detector.check_views(snap, now, self.probe.app_since_ns)
@@ -336,6 +339,7 @@ class RdmaWatcher:
         if not with_objects:
             return
         self._next_objects = now + self.object_interval
+        self.holders = frozenset(o.cgroup_id for o in snap.objects if o.user)
         self.detector.check_objects(snap, now)
         if "rdma.app" in self.probe.modes():
             self._check_views(snap, now)

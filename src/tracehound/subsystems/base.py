@@ -8,10 +8,11 @@ its own files plus one line in subsystems/__init__.py.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from ..attribution.owners import Owners
 from ..config import AgentConfig
+from ..detect.progress import ProgressBoard
 from ..host.mounts import MountTable
 
 
@@ -21,6 +22,8 @@ class Context:
     config: AgentConfig
     mounts: MountTable
     owners: Owners
+    # per-cgroup progress each subsystem publishes for the stall detector
+    progress: ProgressBoard = field(default_factory=ProgressBoard)
 
 
 @dataclass

@@ -3,6 +3,9 @@
 Optional: no driver, no GPU or no nvidia-ml-py is reported, not fatal."""
 from __future__ import annotations
 
+import os
+
+from ..attribution.procs import cgroup_v2_path
 from ..collectors.gpu import GpuCollector, gpu_inventory, open_gpu_collector
 from ..detect.gpu import GpuDetector, GpuWatcher
 from .base import DoctorReport, Subsystem, check_line
@@ -24,8 +27,25 @@ class GpuSubsystem(Subsystem):
             workload_labels=self.ctx.owners.of_pid, detector=self.detector)
         if self.collector is not None:
             self._watcher = GpuWatcher(self.collector.observations, self.detector)
+            self.ctx.progress.add_blind(self.name, self._gpu_cgroups)
+
+    def _gpu_cgroups(self) -> set[int]:
+        """cgroups of the processes holding a GPU context at the detector's
+        last look: their work runs on the GPU, which no progress source counts
+        yet (per-process GPU utilization would)."""
+        out = set()
+        for pid in getattr(self.collector, "gpu_pids", ()):
+            path = cgroup_v2_path(pid)
+            if path is None:
+                continue
+            try:
+                out.add(os.stat(os.path.join(self.ctx.owners.root, path.lstrip("/"))).st_ino)
+            except OSError:
+                continue
+        return out
 
     def close(self) -> None:
+        self.ctx.progress.remove(self.name)
         if self.collector is not None:
             self.collector.close()
 

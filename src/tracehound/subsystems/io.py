@@ -26,12 +26,14 @@ class IoSubsystem(Subsystem):
 
     def start(self) -> None:
         self.probe.start()
+        self.ctx.progress.add(self.name, self.probe.progress)
         c = self.ctx.config
         self.collector = IoCollector(self.probe, self.ctx.mounts, self.ctx.owners,
                                      c.max_series, c.latency_histograms,
                                      self.probe.config.latency)
 
     def close(self) -> None:
+        self.ctx.progress.remove(self.name)
         self.probe.close()
 
     def collectors(self) -> list:

@@ -53,8 +53,10 @@ class RdmaSubsystem(Subsystem):
             return
         self._collector = RdmaCollector(self.probe, self.ctx.owners)
         self._watcher = RdmaWatcher(self.probe, self.detector, kernel_view=summary)
+        self.ctx.progress.add_blind(self.name, lambda: self._watcher.holders)
 
     def close(self) -> None:
+        self.ctx.progress.remove(self.name)
         self.probe.close()
 
     def collectors(self) -> list:
