@@ -1,0 +1,62 @@
+"""Exits: abnormal process exits and OOM kills per cgroup, with their detector.
+
+Optional: a kernel that refuses the exit tracepoint in both its forms gets
+a reason and the agent runs on."""
+from __future__ import annotations
+
+from ..attribution.workload import WORKLOAD_LABELS
+from ..collectors.exits import ExitsCollector
+from ..detect.exits import ExitsDetector
+from ..probes.exits import ExitsProbe, ExitsProbeConfig, doctor_line
+from .base import DoctorReport, Subsystem, mode_lines
+
+
+class ExitsSubsystem(Subsystem):
+    name = "exits"
+
+    def __init__(self, ctx):
+        super().__init__(ctx)
+        # the hook mode flag chooses among function hooks (fentry, kprobe);
+        # this probe's one hook is a tracepoint in every mode
+        self.probe = ExitsProbe(ExitsProbeConfig())
+        self.detector: ExitsDetector | None = None
+        self._collector: ExitsCollector | None = None
+
+    def _cgroup_path(self, cgroup_id: int) -> str:
+        self.ctx.owners.new_scrape()
+        return self.ctx.owners.path(cgroup_id)
+
+    def _workload(self, path: str) -> dict:
+        values = self.ctx.owners.workload(path)
+        return {k: v for k, v in zip(WORKLOAD_LABELS, values) if v}
+
+    def start(self) -> None:
+        self.probe.start()
+        if not self.probe.available:
+            self.reason = self.probe.reason
+            return
+        self.detector = ExitsDetector(self.probe, cgroup_path=self._cgroup_path,
+                                      workload=self._workload)
+        self._collector = ExitsCollector(self.probe, self.ctx.owners, self.detector)
+
+    def close(self) -> None:
+        self.probe.close()
+
+    def collectors(self) -> list:
+        return [self._collector, self.detector] if self._collector is not None else []
+
+    def detectors(self) -> list:
+        return [self.detector] if self.detector is not None else []
+
+    def modes(self) -> dict[str, str]:
+        return self.probe.modes()
+
+    def status_lines(self) -> list[str]:
+        if not self.probe.available:
+            return [f"exits: not available ({self.probe.reason})"]
+        return mode_lines(self.modes())
+
+    @classmethod
+    def doctor(cls, hook_mode: str) -> DoctorReport:
+        # optional: never counted as a problem
+        return DoctorReport(["  " + doctor_line()])
