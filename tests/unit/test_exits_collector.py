@@ -1,19 +1,15 @@
 """Decoding the exit probe's maps and the metric families built from them."""
-import os
 import signal
 import struct
 
-import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from tracehound.attribution.owners import Owners
 from tracehound.attribution.resolver import WorkloadResolver
-from tracehound.bpf.layout import EnumLayout, check, read_btf
 from tracehound.collectors.exits import ExitsCollector
 from tracehound.config import AgentConfig
 from tracehound.probes import exits as e
-from tracehound.probes import object_path
 from tracehound.subsystems.base import Context
 from tracehound.subsystems.exits import ExitsSubsystem
 
@@ -203,15 +199,6 @@ def test_a_probe_without_maps_reads_empty():
 def test_an_unknown_mode_is_a_reason_not_an_exception():
     probe = e.ExitsProbe(e.ExitsProbeConfig(mode="fentry")).start()
     assert not probe.available and "fentry" in probe.reason
-
-
-@pytest.mark.skipif(not os.path.exists(object_path(e.OBJECT)),
-                    reason="exits.bpf.o not built: make -C src/tracehound/probes exits.bpf.o")
-@pytest.mark.parametrize("layout", e.LAYOUTS, ids=lambda lay: lay.c_name)
-def test_layout_matches_the_object_btf(layout):
-    if isinstance(layout, EnumLayout) and layout.c_name not in read_btf(object_path("exits")).enums:
-        pytest.skip(f"enum {layout.c_name} is used only as constants in exits.bpf.o")
-    assert check(object_path(e.OBJECT), [layout]) == []
 
 
 def test_the_subsystem_runs_on_without_its_probe(monkeypatch):

@@ -8,16 +8,18 @@ import subprocess
 import pytest
 
 from tracehound.bpf.layout import EnumLayout, Layout, check, read_btf
+from tracehound.probes import exits as exits_mod
 from tracehound.probes import io as io_mod
+from tracehound.probes import net as net_mod
 from tracehound.probes import object_path
 from tracehound.probes import rdma_maps as rdma_mod
 
 
 IO_STATS = io_mod.IO_STATS
 # each probe module declares its object and the layouts it reads and writes
-PROBES = [(m.OBJECT, m.LAYOUTS) for m in (io_mod, rdma_mod)]
+PROBES = [(m.OBJECT, m.LAYOUTS) for m in (io_mod, rdma_mod, net_mod, exits_mod)]
 
-OBJECTS = ("io", "rdma", "hookprobe", "netfault")
+OBJECTS = ("io", "rdma", "hookprobe", "netfault", "net", "exits")
 
 
 def needs_objects(*names):

@@ -111,5 +111,6 @@ def test_a_removed_cgroup_is_forgotten_only_when_no_subsystem_refers_to_it(tmp_p
 
 def test_every_subsystem_has_a_name_and_one_registration():
     names = [s.name for s in SUBSYSTEMS]
-    assert names == ["io", "rdma", "gpu"] and len(set(names)) == len(names)
+    assert names == ["io", "rdma", "gpu", "net", "exits", "pressure", "stall"]
+    assert len(set(names)) == len(names)
     assert [s for s in SUBSYSTEMS if s.required] == [SUBSYSTEMS[0]]

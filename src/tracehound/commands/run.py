@@ -134,6 +134,22 @@ def add_parser(sub, hook) -> None:
     run.add_argument("--rdma-app-view", choices=("on", "off"), default="on",
                      help="uprobes on libibverbs for the applications' view of their RDMA "
                           "objects and verb errors (default on)")
+    run.add_argument("--net-max-sockets", type=_count(1, MAX_ENTRIES),
+                     default=defaults.NET_MAX_SOCKETS, metavar="N",
+                     help="established TCP sockets one scrape's socket scan reads before it "
+                          f"stops (default {defaults.NET_MAX_SOCKETS})")
+    run.add_argument("--net-max-cgroups", type=_count(1, MAX_ENTRIES),
+                     default=defaults.NET_MAX_CGROUPS, metavar="N",
+                     help="capacity of the kernel's per-cgroup TCP counters (retransmits, "
+                          f"failed connects, resets; default {defaults.NET_MAX_CGROUPS})")
+    run.add_argument("--no-net-all-netns", dest="net_all_netns", action="store_false",
+                     help="scan only the agent's own network namespace for TCP sockets (by "
+                          "default every namespace a process is in: pods, containers)")
+    run.add_argument("--pressure-max-cgroups", type=_count(1, MAX_ENTRIES),
+                     default=defaults.PRESSURE_MAX_CGROUPS, metavar="N",
+                     help="cgroup directories each scrape reads pressure (PSI), CPU time and "
+                          "process states from, breadth first; empty cgroups are skipped "
+                          f"(default {defaults.PRESSURE_MAX_CGROUPS})")
     run.add_argument("--stall-after", type=_seconds(0, MAX_GRACE_S), default=defaults.STALL_AFTER_S,
                      metavar="SECONDS",
                      help="a job (Slurm job, pod, VM, or a cgroup matching --stall-cgroups) whose "
@@ -163,4 +179,8 @@ def _run(args) -> int:
                            mountinfo=args.mountinfo,
                            latency_histograms=args.latency_histograms,
                            latency=args.latency, stall_after_s=args.stall_after,
-                           stall_cgroups=args.stall_cgroups), stop=stop)
+                           stall_cgroups=args.stall_cgroups,
+                           pressure_max_cgroups=args.pressure_max_cgroups,
+                           net_max_sockets=args.net_max_sockets,
+                           net_max_cgroups=args.net_max_cgroups,
+                           net_all_netns=args.net_all_netns), stop=stop)
