@@ -292,6 +292,14 @@ def netem_experiment(c: rg.Checks, agent: rg.Agent, key: str, example: str, prob
     faults = run.record.get("faults") or []
     c.record(f"{key}_detected", run.code == 0 and ping.get("detected") is True,
              f"detection {ping}\n{run.context()}")
+    # and tracehound itself: the TCP job's retransmissions or round-trip time
+    own = next((d for d in run.record.get("detections") or []
+                if d.get("probe", "").startswith("tracehound-sees-")), {})
+    if own.get("mttd_seconds") is not None:
+        c.timing(f"{key}_tracehound_mttd_s", own["mttd_seconds"])
+    c.record(f"{key}_tracehound_detected", own.get("detected") is True
+             and own.get("tracehound_signal") is True and "/tracehound-chaos-tcp-job" in
+             own.get("query", ""), f"detection {own}\n{run.context()}")
     applied = lambda state: bool(state) and "netem" in state  # noqa: E731
     c.record(f"{key}_fault_applied", any(applied(x) for x in run.seen)
              and "netem" in json.dumps(faults), f"qdiscs seen {run.seen}\n{run.context()}")

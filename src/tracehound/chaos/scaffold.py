@@ -142,6 +142,61 @@ def delete_netns(names: list[str]) -> dict:
     return {"deleted": gone}
 
 
+def start_tcp_stream(cgroup: str, netns: str, peer_netns: str, address: str,
+                     port: int = 5301, chunk: int = 65536, interval: float = 0.01) -> dict:
+    """A TCP job in a new cgroup: a sink listening on address:port in
+    peer_netns and a sender in netns streaming `chunk` bytes every
+    `interval` seconds to it, reconnecting as a job would. Both join the
+    cgroup before they open a socket, so its sockets carry the cgroup."""
+    path = _cgroup_path(cgroup)
+    os.makedirs(path, exist_ok=True)
+    procs = os.path.join(path, "cgroup.procs")
+    for ns, argv in ((peer_netns, ["tcp-sink", address, str(port)]),
+                     (netns, ["tcp-send", address, str(port), str(chunk), str(interval)])):
+        # joins before `ip netns exec`, which mounts a sysfs of the namespace
+        # (no cgroup file system under it)
+        cmd = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', procs,
+               "ip", "netns", "exec", ns, sys.executable, "-m", __name__, *argv]
+        subprocess.run(["sh", "-c", '"$@" </dev/null >/dev/null 2>&1 &', "sh", *cmd], check=True)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        pids = cgroup_procs(path)
+        if len(pids) >= 2:
+            return {"pids": sorted(pids), "cgroup": cgroup}
+        time.sleep(0.02)
+    raise RuntimeError(f"the TCP job did not join {cgroup}")
+
+
+def tcp_sink(address: str, port: int) -> None:
+    import socket
+    import threading
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    srv = socket.create_server((address, port), reuse_port=True)
+
+    def drain(conn):
+        with conn:
+            while conn.recv(1 << 20):
+                pass
+    while True:
+        conn, _ = srv.accept()
+        threading.Thread(target=drain, args=(conn,), daemon=True).start()
+
+
+def tcp_send(address: str, port: int, chunk: int, interval: float) -> None:
+    import socket
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))
+    data = b"\x5a" * chunk
+    while True:
+        try:
+            with socket.create_connection((address, port), timeout=30) as conn:
+                while True:
+                    conn.sendall(data)
+                    if interval:
+                        time.sleep(interval)
+        except OSError:
+            time.sleep(0.2)
+
+
 def mount_tmpfs(path: str, size_mb: int = 64) -> dict:
     os.makedirs(path, exist_ok=True)
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size_mb}m", "tracehound-chaos",
@@ -163,3 +218,8 @@ if __name__ == "__main__":
     if sys.argv[1] == "write":
         procs, path, bs, direct, size, interval = sys.argv[2:8]
         write_loop(procs, path, int(bs), direct == "1", int(size), float(interval))
+    elif sys.argv[1] == "tcp-sink":
+        tcp_sink(sys.argv[2], int(sys.argv[3]))
+    elif sys.argv[1] == "tcp-send":
+        address, port, chunk, interval = sys.argv[2:6]
+        tcp_send(address, int(port), int(chunk), float(interval))

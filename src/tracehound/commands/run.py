@@ -36,15 +36,19 @@ def _count(low: int, high: int, meaning: str = ""):
     return parse
 
 
-def _seconds(low: float, high: float):
+def _seconds(low: float, high: float, off: bool = False):
+    """More than `low` and at most `high` seconds; with `off`, 0 too (the rule is off)."""
     def parse(value: str) -> float:
         try:
             x = float(value)
         except ValueError:
             raise argparse.ArgumentTypeError(f"{value!r} is not a number of seconds") from None
+        if off and x == 0:
+            return 0.0
         if not (math.isfinite(x) and low < x <= high):
             raise argparse.ArgumentTypeError(f"{value} is out of range: more than {low:g} "
-                                             f"and at most {high:g} seconds")
+                                             f"and at most {high:g} seconds"
+                                             + (", or 0 (off)" if off else ""))
         return x
     return parse
 
@@ -150,7 +154,8 @@ def add_parser(sub, hook) -> None:
                      help="cgroup directories each scrape reads pressure (PSI), CPU time and "
                           "process states from, breadth first; empty cgroups are skipped "
                           f"(default {defaults.PRESSURE_MAX_CGROUPS})")
-    run.add_argument("--stall-after", type=_seconds(0, MAX_GRACE_S), default=defaults.STALL_AFTER_S,
+    run.add_argument("--stall-after", type=_seconds(0, MAX_GRACE_S, off=True),
+                     default=defaults.STALL_AFTER_S,
                      metavar="SECONDS",
                      help="a job (Slurm job, pod, VM, or a cgroup matching --stall-cgroups) whose "
                           "processes are all stopped, or that moved data and then nothing for "

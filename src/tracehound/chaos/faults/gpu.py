@@ -18,7 +18,7 @@ import time
 
 from . import Arg, Availability, Detection, Fault, FaultError, Prepared
 from .proc import MARKER, kill_marked
-from .targets import run_cmd
+from .targets import cgroup_dir, check_cgroup_path, run_cmd
 
 NCCL_MODES = {
     "ib_disable": {"NCCL_IB_DISABLE": "1"},
@@ -249,12 +249,14 @@ class NcclFault(Fault):
     args = {"command": Arg(list, "the job to launch, as an argument list", required=True),
             "mode": Arg(str, "which NCCL fault", required=True, choices=tuple(NCCL_MODES)),
             "env": Arg(dict, "more environment for the job"),
-            "log": Arg(str, "file for the job's output", default="")}
+            "log": Arg(str, "file for the job's output", default=""),
+            "cgroup": Arg(str, "cgroup v2 path (existing) the job runs in: detection looks "
+                               "at its exits")}
 
     def check(self, args):
         if not args["command"]:
             return ["command must not be empty"]
-        return []
+        return check_cgroup_path(args["cgroup"]) if args.get("cgroup") else []
 
     def availability(self):
         # NCCL runs on NVIDIA GPUs only: without the driver a job has nothing to misconfigure
@@ -269,14 +271,20 @@ class NcclFault(Fault):
                                              (args.get("env") or {}).items()}}
         log = args.get("log") or os.path.join(tempfile.gettempdir(),
                                               f"tracehound-chaos-{fault_id}.log")
+        procs = (os.path.join(cgroup_dir(args["cgroup"]), "cgroup.procs")
+                 if args.get("cgroup") else None)
         return Prepared([" ".join(map(str, args["command"]))],
                         {"argv": [str(x) for x in args["command"]], "env": env, "log": log,
-                         "marker": fault_id})
+                         "marker": fault_id, "procs_file": procs})
 
     def apply(self, state):
         env = dict(os.environ, **state["env"], **{MARKER: state["marker"]})
+        argv = state["argv"]
+        if state.get("procs_file"):
+            # joins the cgroup before exec: no process of the job runs outside it
+            argv = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', state["procs_file"], *argv]
         with open(state["log"], "ab") as log:
-            proc = subprocess.Popen(state["argv"], env=env, start_new_session=True,
+            proc = subprocess.Popen(argv, env=env, start_new_session=True,
                                     stdin=subprocess.DEVNULL, stdout=log, stderr=log)
         return {"pid": proc.pid}
 
@@ -285,8 +293,14 @@ class NcclFault(Fault):
         return None
 
     def detection(self, args, state=None):
-        return Detection(note="tracehound has no NCCL signal: the job's own exit status "
-                              "and log show the failure")
+        if not args.get("cgroup"):
+            return Detection(note="give the job a cgroup: tracehound sees a misconfigured "
+                                  "NCCL job by its processes' failed exits there")
+        sel = f'{{cgroup="{args["cgroup"]}",reason=~"error|signal"}}'
+        return Detection.counter_grows(
+            "tracehound_process_exits_total" + sel,
+            "the job's processes exit with an error or a signal (a hang instead is a "
+            "job_stalled event once --stall-after passes)")
 
 
 FAULTS = [GpuBurn(), GpuMemory(), DcgmInject(), NcclFault()]

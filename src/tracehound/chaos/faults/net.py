@@ -13,7 +13,7 @@ import platform
 
 from . import (Arg, Availability, Detection, Fault, FaultError, Prepared, interface_args,
                refuse_host_netns)
-from .targets import netns_prefix, run_cmd
+from .targets import check_cgroup_path, netns_prefix, run_cmd
 
 BPF_PRIORITY_BASE = 49100
 # Rollback finds the filter by priority alone, so one fixed handle serves.
@@ -60,6 +60,8 @@ def _net_args(extra: dict) -> dict:
         **interface_args("network interface"),
         "method": Arg(str, "netem qdisc, tc BPF classifier, or auto (netem if the kernel "
                            "has it)", default="auto", choices=("auto", "netem", "bpf")),
+        "cgroup": Arg(str, "cgroup v2 path of the workload whose TCP traffic crosses the "
+                           "interface: detection looks at its sockets (default: every cgroup's)"),
         **extra,
     }
 
@@ -72,7 +74,7 @@ class NetFault(Fault):
         self.args = _net_args(extra)
 
     def check(self, args):
-        problems = []
+        problems = check_cgroup_path(args["cgroup"]) if args.get("cgroup") else []
         if self.kind == "delay" and args.get("method") == "bpf":
             problems.append("delay has no BPF implementation: use method netem or auto")
         if self.kind == "delay" and args.get("direction", "egress") != "egress":
@@ -174,9 +176,21 @@ class NetFault(Fault):
                 prog.close()
 
     def detection(self, args, state=None):
-        return Detection(note="tracehound exports no network metric: a packet "
-                              f"{self.kind} fault is invisible to it; measure it with a "
-                              "process source (ping, interface counters)")
+        cgroup = args.get("cgroup")
+        whose = f"the sockets of {cgroup}" if cgroup else "every cgroup's sockets"
+        if self.kind == "delay":
+            # the smoothed RTT moves an eighth of the way per sample: half the
+            # added delay is reached within a few round trips
+            sel = f'{{cgroup="{cgroup}",stat="max"}}' if cgroup else '{stat="max"}'
+            threshold = args["delay_ms"] / 2000
+            q = "tracehound_net_tcp_rtt_seconds" + sel
+            return Detection(query=q, signal="value", predicate=f"> {threshold:g}",
+                             promql=f"max({q})",
+                             note=f"smoothed TCP RTT of {whose} rises past half the added delay")
+        sel = f'{{cgroup="{cgroup}"}}' if cgroup else ""
+        return Detection.counter_grows(
+            "tracehound_net_tcp_retransmits_total" + sel,
+            f"TCP retransmissions of {whose} grow ({self.kind} makes segments go missing)")
 
 
 _PERCENT = Arg(float, "percent of packets", required=True, minimum=0.01, maximum=100)

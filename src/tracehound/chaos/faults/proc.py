@@ -17,21 +17,17 @@ MARKER = "TRACEHOUND_CHAOS_FAULT"
 SIGNALS = ("KILL", "TERM", "INT", "HUP", "QUIT", "ABRT", "SEGV", "USR1", "USR2")
 
 
-def _io_stall_detection(state: dict | None, args: dict, what: str) -> Detection:
-    """A stopped or killed process stops doing I/O: its cgroup's write rate
-    falls to zero. tracehound has no process-state metric of its own."""
+def _target_cgroup(state: dict | None, args: dict) -> str | None:
+    """The targets' cgroup: named, or the first target's as prepare() found it."""
     cgroup = args.get("cgroup")
     if cgroup is None and state and state.get("procs"):
         cgroup = state["procs"][0][3]
-    if not cgroup or cgroup == "/":
-        return Detection(note=f"{what}: tracehound has no process-state signal and the "
-                              "target's cgroup is unknown or the root")
-    sel = f'{{cgroup="{cgroup}"}}'
-    return Detection(query="tracehound_io_write_bytes_total" + sel, signal="rate",
-                     predicate="== 0",
-                     promql=f"sum(rate(tracehound_io_write_bytes_total{sel}[15s]))",
-                     note=f"{what}: the cgroup's write rate falls to zero (only visible for "
-                          "a target that was writing; tracehound has no process-state metric)")
+    return cgroup if cgroup and cgroup != "/" else None
+
+
+def _no_cgroup(what: str) -> Detection:
+    return Detection(note=f"{what}: tracehound's process signals are per cgroup and the "
+                          "target's cgroup is unknown or the root")
 
 
 class _ProcessFault(Fault):
@@ -58,7 +54,13 @@ class _ProcessFault(Fault):
                     pass
 
     def detection(self, args, state=None):
-        return _io_stall_detection(state, args, self.name)
+        cgroup = _target_cgroup(state, args)
+        if cgroup is None:
+            return _no_cgroup(self.name)
+        sel = f'{{cgroup="{cgroup}",reason="signal",signal="{args.get("signal", "KILL")}"}}'
+        return Detection.counter_grows("tracehound_process_exits_total" + sel,
+                                       f"the kernel counts the target's exit by SIG"
+                                       f"{args.get('signal', 'KILL')} in {cgroup}")
 
 
 class ProcKill(_ProcessFault):
@@ -100,6 +102,15 @@ class ProcStop(_ProcessFault):
     def apply(self, state):
         self._signal(state, signal.SIGSTOP)
         return None
+
+    def detection(self, args, state=None):
+        cgroup = _target_cgroup(state, args)
+        if cgroup is None:
+            return _no_cgroup(self.name)
+        q = f'tracehound_cgroup_processes{{cgroup="{cgroup}",state="stopped"}}'
+        return Detection(query=q, signal="value", predicate="> 0", promql=f"sum({q})",
+                         note=f"stopped processes in {cgroup} (after --stall-after, also a "
+                              "job_stalled event)")
 
     def rollback(self, state):
         keep = set(state.get("stopped_before", ()))
@@ -183,10 +194,24 @@ class ProcStress(Fault):
         return None
 
     def detection(self, args, state=None):
-        if args.get("kind", "cpu") != "io":
-            return Detection(note="tracehound exports no CPU or memory signal; "
-                                  "only the io stressor is visible to it")
         sel = f'{{cgroup="{args["cgroup"]}"}}'
+        kind = args.get("kind", "cpu")
+        if kind == "cpu":
+            # each worker spins one CPU: at least half of what they can get
+            cpus = 0.5 * min(args.get("workers", 1), os.cpu_count() or 1)
+            q = "tracehound_cgroup_cpu_seconds_total" + sel
+            return Detection(query=q, signal="rate", predicate=f"> {cpus:g}",
+                             promql=f"sum(rate({q}[15s]))",
+                             note=f"the cgroup burns more than {cpus:g} CPUs (its neighbours' "
+                                  "cost shows as tracehound_pressure_stalled_seconds_total)")
+        if kind == "memory":
+            grown = args.get("workers", 1) * args.get("memory_bytes", 256 << 20) // 2
+            q = "tracehound_cgroup_memory_rss_bytes" + sel
+            return Detection(query=q, signal="increase", predicate=f"> {grown}",
+                             promql=f"delta({q}[1m])",
+                             note="the resident memory of the cgroup's processes grows by half "
+                                  "of what the workers hold (reclaim it forces shows as memory "
+                                  "pressure)")
         return Detection(query="tracehound_io_write_bytes_total" + sel, signal="rate",
                          predicate="> 1000000",
                          promql=f"sum(rate(tracehound_io_write_bytes_total{sel}[15s]))",

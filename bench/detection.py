@@ -1,0 +1,204 @@
+"""How fast tracehound itself sees each fault of the catalog: every example
+experiment this machine can run, several times, against a real agent.
+
+Each tracehound detection probe of an example reads the agent every
+--interval seconds (5 by default: what a Prometheus scraping every 5 s would
+see, at the luckiest phase; an unlucky phase adds up to one interval). The
+report gives per fault and probe: detected in how many runs, MTTD median and
+max, and the signal that saw it.
+
+    python bench/detection.py [--runs 3] [--interval 5] [--tier host]
+        [--only proc-kill,net-loss] [--json bench/report/detection-host.json]
+
+Needs root, stress-ng, iproute2. `--tier vm` is what tests/vm runs inside the
+guest (netem and RDMA examples included); the report merges both JSON files
+when present.
+"""
+from __future__ import annotations
+
+import argparse
+import glob
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import yaml
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+sys.path.insert(0, HERE)
+from tracer import Tool  # noqa: E402
+
+EXAMPLES = os.path.join(ROOT, "examples")
+REPORT = os.path.join(HERE, "report")
+# what runs where: the host kernel has no sch_netem and no RDMA device
+TIERS = {
+    "host": ["net-loss", "proc-kill", "proc-stop", "proc-stress-cpu", "proc-stress-memory",
+             "proc-stress-io", "io-throttle", "io-fill"],
+    "vm": ["net-loss", "net-delay", "proc-kill", "proc-stop", "proc-stress-cpu",
+           "proc-stress-memory", "io-throttle", "rdma-memlock", "rdma-cgroup"],
+}
+# faults no example can run here, and why (one line each, in the report)
+NOT_RUN = {
+    "gpu.burn, gpu.memory": "need a GPU: run on a GPU node (tests/gpu)",
+    "gpu.nccl": "needs NCCL and GPUs; its detection is the job's failed exits in its cgroup "
+                "(tracehound_process_exits_total{reason=~\"error|signal\"}) or job_stalled",
+    "gpu.dcgm_inject": "injects into DCGM's cache only; tracehound reads NVML and the kernel "
+                       "log, so no tracehound signal can exist",
+}
+STALL_FLAGS = ["--stall-after", "5", "--stall-cgroups", "/tracehound-chaos-.*"]
+
+
+def tracehound() -> list[str]:
+    exe = os.path.join(os.path.dirname(sys.executable), "tracehound")
+    return [exe] if os.path.exists(exe) else [shutil.which("tracehound") or "tracehound"]
+
+
+def with_interval(doc: dict, interval: float) -> dict:
+    """Every tracehound detection probe reads at `interval` seconds; timeouts
+    stay at least six readings long."""
+    for act in doc.get("method", []):
+        detect = (act.get("provider") or {}).get("detect")
+        if isinstance(detect, dict) and detect.get("source", "agent") in ("agent", "events"):
+            detect["interval"] = interval
+            timeout = detect.get("timeout", 5)
+            detect["timeout"] = max(timeout if isinstance(timeout, (int, float)) else 20,
+                                    6 * interval)
+    return doc
+
+
+def run_once(url: str, name: str, interval: float, work: str) -> list[dict]:
+    with open(os.path.join(EXAMPLES, f"{name}.yaml")) as f:
+        doc = with_interval(yaml.safe_load(f), interval)
+    path = os.path.join(work, f"{name}.json")
+    with open(path, "w") as f:
+        json.dump(doc, f)
+    out_dir = os.path.join(work, f"{name}-report")
+    env = {**os.environ, "TRACEHOUND_METRICS_URL": url, "CHAOS_HOLD_SECONDS": "1",
+           "CHAOS_STALL_TIMEOUT": str(max(20, 4 * interval))}
+    log = os.path.join(work, f"{name}.log")
+    with open(log, "w") as out:
+        subprocess.run(tracehound() + ["chaos", "run", path, "--yes", "--journal",
+                                       os.path.join(work, f"{name}-journal"), "--report", out_dir],
+                       env=env, stdout=out, stderr=subprocess.STDOUT, timeout=600)
+    reports = glob.glob(os.path.join(out_dir, "*-journal.json"))
+    if not reports:
+        with open(log) as f:
+            raise RuntimeError(f"{name}: no report\n{f.read()[-2000:]}")
+    with open(reports[0]) as f:
+        record = json.load(f)
+    shutil.rmtree(out_dir, ignore_errors=True)
+    rows = []
+    for d in record["detections"]:
+        if not d.get("tracehound_signal") and not d["probe"].startswith("tracehound-"):
+            continue        # a ground-truth probe (ping, cpu.stat)
+        rows.append({"example": name, "probe": d["probe"], "fault": d.get("fault"),
+                     "detected": bool(d["detected"]), "mttd_s": d.get("mttd_seconds"),
+                     "signal": d.get("query") or "", "note": d.get("note", "")})
+    return rows
+
+
+def summarize(rows: list[dict]) -> list[dict]:
+    out = []
+    for key in dict.fromkeys((r["example"], r["probe"]) for r in rows):
+        runs = [r for r in rows if (r["example"], r["probe"]) == key]
+        mttd = [r["mttd_s"] for r in runs if r["detected"] and r["mttd_s"] is not None]
+        out.append({"example": key[0], "probe": key[1], "fault": runs[0]["fault"],
+                    "runs": len(runs), "detected": sum(r["detected"] for r in runs),
+                    "mttd_median_s": round(statistics.median(mttd), 2) if mttd else None,
+                    "mttd_max_s": round(max(mttd), 2) if mttd else None,
+                    "signal": runs[0]["signal"], "note": runs[0]["note"]})
+    return out
+
+
+def markdown(results: dict, interval: float) -> str:
+    lines = ["# Detection: does tracehound see the faults it injects, and how fast?", "",
+             "Generated by `bench/detection.py` (host) and the VM tier's run of it. Each "
+             "example experiment of `examples/` that the machine can run is run several "
+             f"times against a real agent (`tracehound run {' '.join(STALL_FLAGS)}`). Each "
+             f"tracehound detection probe reads the agent every {interval:g} s, as a "
+             f"Prometheus scraping every {interval:g} s would; MTTD is from the moment the "
+             "fault was applied to the first reading that showed it. A real scrape's phase "
+             f"adds up to one more interval: the bar is MTTD <= {2 * interval:g} s "
+             "(two scrape intervals).", ""]
+    for tier, data in results.items():
+        lines += [f"## {tier}: {data['machine']}", "",
+                  "| fault | probe | detected | MTTD median | MTTD max | signal |",
+                  "|---|---|---|---|---|---|"]
+        for s in data["summary"]:
+            med = "-" if s["mttd_median_s"] is None else f"{s['mttd_median_s']:.2f} s"
+            mx = "-" if s["mttd_max_s"] is None else f"{s['mttd_max_s']:.2f} s"
+            lines.append(f"| {s['fault']} | {s['probe']} | {s['detected']}/{s['runs']} | {med} "
+                         f"| {mx} | `{s['signal']}` |")
+        lines.append("")
+    lines += ["## Not run here", ""]
+    lines += [f"- **{fault}**: {why}" for fault, why in NOT_RUN.items()]
+    return "\n".join(lines) + "\n"
+
+
+def machine() -> str:
+    model = ""
+    try:
+        with open("/proc/cpuinfo") as f:
+            model = next((line.split(":", 1)[1].strip() for line in f
+                          if line.startswith("model name")), "")
+    except OSError:
+        pass
+    return f"{os.cpu_count()} CPUs, {model}, kernel {os.uname().release}"
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--interval", type=float, default=5.0)
+    ap.add_argument("--tier", choices=tuple(TIERS), default="host")
+    ap.add_argument("--only", default="", help="comma-separated example names")
+    ap.add_argument("--json", default="")
+    args = ap.parse_args()
+    names = [n for n in TIERS[args.tier] if not args.only or n in args.only.split(",")]
+    agent = Tool("tracehound", tracehound() + ["run", "--listen", "127.0.0.1:0", *STALL_FLAGS],
+                 ready="serving metrics on")
+    agent.start()
+    url = next(line.split("serving metrics on ", 1)[1].strip() for line in agent.lines
+               if "serving metrics on" in line)
+    rows: list[dict] = []
+    work = tempfile.mkdtemp(prefix="tracehound-detection-")
+    try:
+        for name in names:
+            for i in range(args.runs):
+                t0 = time.monotonic()
+                got = run_once(url, name, args.interval, work)
+                rows += got
+                print(f"{name} run {i + 1}: " + ", ".join(
+                    f"{r['probe']} {'yes' if r['detected'] else 'NO'}"
+                    + (f" {r['mttd_s']:.2f}s" if r['detected'] else "") for r in got)
+                    + f" ({time.monotonic() - t0:.0f} s)", flush=True)
+    finally:
+        agent.stop()
+        shutil.rmtree(work, ignore_errors=True)
+    data = {"machine": machine(), "interval_s": args.interval, "rows": rows,
+            "summary": summarize(rows)}
+    path = args.json or os.path.join(REPORT, f"detection-{args.tier}.json")
+    with open(path, "w") as f:
+        json.dump(data, f, indent=1)
+    results = {}
+    for tier in TIERS:
+        p = os.path.join(REPORT, f"detection-{tier}.json")
+        if os.path.exists(p):
+            with open(p) as f:
+                results[tier] = json.load(f)
+    with open(os.path.join(REPORT, "detection.md"), "w") as f:
+        f.write(markdown(results, args.interval))
+    missed = [s for s in data["summary"] if s["detected"] < s["runs"]]
+    for s in missed:
+        print(f"MISSED: {s['example']} {s['probe']}: {s['detected']}/{s['runs']} {s['note']}")
+    return 1 if missed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,35 @@
+"""A busy, healthy node raises no anomaly: fio, a TCP job, short jobs coming
+and going and a CPU load run under an agent whose stall rule is at its most
+eager (--stall-after 5 over every /thsoak cgroup), and not one event comes
+out. bench/soak.py runs the same mix for ten minutes."""
+import shutil
+
+import pytest
+
+from tests.kernel.conftest import start_agent, stop_agent
+from tests.kernel.soak_mix import AGENT_FLAGS, SoakMix, watch_events
+
+SOAK_S = 60
+WARMUP_S = 5
+
+
+@pytest.mark.skipif(not (shutil.which("fio") and shutil.which("stress-ng")),
+                    reason="needs fio and stress-ng for the workload mix")
+def test_a_busy_healthy_node_raises_no_anomaly(hook_mode):
+    agent = start_agent(hook_mode, *AGENT_FLAGS)
+    try:
+        with SoakMix() as mix:
+            watch_events(agent.url, WARMUP_S)
+            events = watch_events(agent.url, SOAK_S)
+            metrics = agent.scrape()
+        assert events == [], events
+        # the mix was real, and the rules were looking at it
+        assert mix.short_jobs >= SOAK_S // 4
+        value = lambda name, **labels: sum(v for (n, ls), v in metrics.items()  # noqa: E731
+                                           if n == name and set(labels.items()) <= ls)
+        assert value("tracehound_io_write_bytes_total", cgroup="/thsoak/fio") > 0
+        assert value("tracehound_net_tcp_sockets", cgroup="/thsoak/tcp") >= 1
+        assert value("tracehound_cgroup_cpu_seconds_total", cgroup="/thsoak/cpu") > 1
+        assert value("tracehound_stall_watched_workloads") >= 3
+    finally:
+        stop_agent(agent)
