@@ -38,10 +38,12 @@ EXAMPLES = os.path.join(ROOT, "examples")
 REPORT = os.path.join(HERE, "report")
 # what runs where: the host kernel has no sch_netem and no RDMA device
 TIERS = {
-    "host": ["net-loss", "proc-kill", "proc-stop", "proc-stress-cpu", "proc-stress-memory",
+    "host": ["net-loss", "net-corrupt", "proc-kill", "proc-stop", "proc-stress-cpu", "proc-stress-memory",
              "proc-stress-io", "io-throttle", "io-fill"],
-    "vm": ["net-loss", "net-delay", "proc-kill", "proc-stop", "proc-stress-cpu",
-           "proc-stress-memory", "io-throttle", "rdma-memlock", "rdma-cgroup"],
+    # the RDMA and device-mapper faults need scaffolding the VM tier's own
+    # tests build (tests/vm/test_vm_chaos.py reports their MTTD)
+    "vm": ["net-loss", "net-corrupt", "net-delay", "proc-kill", "proc-stop", "proc-stress-cpu",
+           "proc-stress-memory"],
 }
 # faults no example can run here, and why (one line each, in the report)
 NOT_RUN = {
@@ -125,7 +127,8 @@ def markdown(results: dict, interval: float) -> str:
              f"Prometheus scraping every {interval:g} s would; MTTD is from the moment the "
              "fault was applied to the first reading that showed it. A real scrape's phase "
              f"adds up to one more interval: the bar is MTTD <= {2 * interval:g} s "
-             "(two scrape intervals).", ""]
+             "(two scrape intervals). An events probe (`job_stalled`) waits for the agent's "
+             "`--stall-after` (5 s here) by design, then for the next reading.", ""]
     for tier, data in results.items():
         lines += [f"## {tier}: {data['machine']}", "",
                   "| fault | probe | detected | MTTD median | MTTD max | signal |",

@@ -345,3 +345,16 @@ def test_rdma_link_down_on_a_veth(agent):
     # (the link is created down and set up by the experiment first)
     assert [s for s in run.seen if s is not None][-3:] == [True, False, True], run.seen
     assert_detected(run, "kernel-reports-link-down", by_tracehound=False)
+
+
+def test_net_corrupt(agent):
+    env = netns_env("nc")
+    try:
+        run = run_example(agent, "net-corrupt.yaml", env)
+    finally:
+        for name in (env["CHAOS_NETNS"], env["CHAOS_PEER_NETNS"]):
+            subprocess.run(["ip", "netns", "del", name], capture_output=True)
+    assert run.code == 0, run.err
+    assert run.record["faults"][0]["fault"] == "net.corrupt"
+    assert run.record["faults"][0]["rollback"] == "done"
+    assert_detected(run, "tracehound-sees-corruption")

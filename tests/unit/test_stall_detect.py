@@ -228,3 +228,21 @@ def test_a_failing_progress_source_is_left_out_not_fatal(setup, caplog):
     assert kinds(events) == [("job_stalled", "no_progress")]
     assert events[0]["signals"] == ["io"]
     assert "progress source net: map gone" in caplog.text
+
+
+def test_gpu_busy_seconds_grow_with_utilization_and_unmeasured_gpus_are_blind():
+    from tracehound.subsystems.gpu import GpuBusy
+    now = [100.0]
+    busy = GpuBusy(clock=lambda: now[0])
+
+    def look(*gpus):
+        return busy.observe([{"utilization": u, "processes": [{"pid": p} for p in pids]}
+                             for u, pids in gpus])
+    look((0.5, [1, 2]), (None, [3]))
+    assert busy.seconds == {1: 0.0, 2: 0.0} and busy.unmeasured == {3}
+    now[0] = 110.0
+    look((0.5, [1, 2]), (0.0, [3]), (1.0, [1]))     # pid 1 also on a second GPU
+    assert busy.seconds == {1: 15.0, 2: 5.0, 3: 0.0} and busy.unmeasured == frozenset()
+    now[0] = 120.0
+    look((0.0, [1]))                                 # idle: no progress; 2 and 3 left
+    assert busy.seconds == {1: 15.0}

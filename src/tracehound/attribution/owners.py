@@ -14,6 +14,7 @@ from collections.abc import Iterable
 from .cgroups import CgroupResolver
 from .procs import cgroup_v2_path
 from .resolver import WorkloadResolver
+from .workload import WORKLOAD_LABELS
 
 
 class Owners:
@@ -47,6 +48,17 @@ class Owners:
         """Workload label values (WORKLOAD_LABELS order) of a cgroup path."""
         with self._lock:
             return self.workloads.labels(path)
+
+    def workload_fields(self, path: str) -> dict[str, str]:
+        """The workload labels of a cgroup path that have a value, for an
+        event's fields."""
+        return {k: v for k, v in zip(WORKLOAD_LABELS, self.workload(path)) if v}
+
+    def detector_path(self, cgroup_id: int) -> str:
+        """The path of an id a detector met between scrapes: a new id may
+        rescan the tree once, as at a scrape."""
+        self.new_scrape()
+        return self.path(cgroup_id)
 
     def labels(self, cgroup_id: int) -> tuple[str, ...]:
         """(cgroup path, *workload label values)."""

@@ -173,7 +173,6 @@ class GpuCollector:
             samples = self._read_all()
             wl_cache: dict[int, dict] = {}
             _, misplaced = self._process_rows(samples, wl_cache)
-            self.gpu_pids = frozenset(pid for s in samples.values() for pid in s.processes)
             out = []
             for gpu in self.gpus:
                 s = samples.get(gpu.index)
@@ -183,6 +182,7 @@ class GpuCollector:
                 active = {label for label, bit in self._reasons
                           if s.clock_reasons is not None and s.clock_reasons & bit}
                 out.append({"labels": gpu.labels, "lost": False,
+                            "utilization": s.utilization.get("gpu"),
                             "uncorrected_ecc": s.uncorrected_ecc(),
                             "row_remap_failure": s.row_remap_failure, "clock_reasons": active,
                             "processes": self._process_records(s.processes, wl_cache),

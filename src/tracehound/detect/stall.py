@@ -9,17 +9,17 @@ systemd units are services that may idle for hours) and the cgroups named by
 
   job_stalled   reason "stopped": every process of the workload is stopped
                 (SIGSTOP, a debugger) or its cgroup is frozen;
-                reason "no_progress": the workload moved data before (file
-                I/O, TCP bytes: the progress sources the subsystems publish)
-                and has moved nothing for `stall_after_s`, though its
-                processes live. `cpu_seconds` says whether it spins (a hung
+                reason "no_progress": the workload made progress before (file
+                I/O, TCP bytes, GPU busy time: the progress sources the
+                subsystems publish) and has made none for `stall_after_s`,
+                though its processes live: a GPU it holds sits idle too. `cpu_seconds` says whether it spins (a hung
                 collective busy-polls) or sleeps.
   job_resumed   a stalled workload moves again (or its processes run again).
 
 One job_stalled per episode. A workload whose data moves through a channel
-the agent cannot count (it holds RDMA objects or GPU memory: the subsystems
-name such "blind" cgroups) is judged only on "stopped", so a healthy NCCL job
-over InfiniBand is never called stalled. The first look at a workload is a
+the agent cannot count (it holds RDMA objects, or a GPU whose utilization
+NVML does not give: the subsystems name such "blind" cgroups) is judged only
+on "stopped", so a healthy NCCL job over InfiniBand is never called stalled. The first look at a workload is a
 baseline: only data it moves while watched counts, so a CPU-only job, or one
 holding an idle control socket, is never "no_progress".
 """

@@ -4,7 +4,6 @@ Optional: a kernel that refuses the exit tracepoint in both its forms gets
 a reason and the agent runs on."""
 from __future__ import annotations
 
-from ..attribution.workload import WORKLOAD_LABELS
 from ..collectors.exits import ExitsCollector
 from ..detect.exits import ExitsDetector
 from ..probes.exits import ExitsProbe, ExitsProbeConfig, doctor_line
@@ -22,21 +21,13 @@ class ExitsSubsystem(Subsystem):
         self.detector: ExitsDetector | None = None
         self._collector: ExitsCollector | None = None
 
-    def _cgroup_path(self, cgroup_id: int) -> str:
-        self.ctx.owners.new_scrape()
-        return self.ctx.owners.path(cgroup_id)
-
-    def _workload(self, path: str) -> dict:
-        values = self.ctx.owners.workload(path)
-        return {k: v for k, v in zip(WORKLOAD_LABELS, values) if v}
-
     def start(self) -> None:
         self.probe.start()
         if not self.probe.available:
             self.reason = self.probe.reason
             return
-        self.detector = ExitsDetector(self.probe, cgroup_path=self._cgroup_path,
-                                      workload=self._workload)
+        self.detector = ExitsDetector(self.probe, cgroup_path=self.ctx.owners.detector_path,
+                                      workload=self.ctx.owners.workload_fields)
         self._collector = ExitsCollector(self.probe, self.ctx.owners, self.detector)
 
     def close(self) -> None:

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import os
 
-from ..attribution.workload import WORKLOAD_LABELS
 from ..collectors.rdma import RdmaCollector
 from ..collectors.rdma_ports import RdmaPortCollector
 from ..detect.rdma_ports import PortWatcher
@@ -27,18 +26,11 @@ class RdmaSubsystem(Subsystem):
                                                max_objects=cfg.rdma_max_objects,
                                                app_view=cfg.rdma_app_view))
         self.detector = RdmaDetector(RdmaDetectorConfig(grace_s=cfg.rdma_grace_s),
-                                     cgroup_path=self._cgroup_path, workload=self._workload)
+                                     cgroup_path=ctx.owners.detector_path,
+                                     workload=ctx.owners.workload_fields)
         self._collector: RdmaCollector | None = None
         self._watcher: RdmaWatcher | None = None
         self._ports: list = []            # the port counters' collector and flap watcher
-
-    def _cgroup_path(self, cgroup_id: int) -> str:
-        self.ctx.owners.new_scrape()
-        return self.ctx.owners.path(cgroup_id)
-
-    def _workload(self, path: str) -> dict:
-        values = self.ctx.owners.workload(path)
-        return {k: v for k, v in zip(WORKLOAD_LABELS, values) if v}
 
     def start(self) -> None:
         # port counters need only sysfs: a host whose kernel refuses the
