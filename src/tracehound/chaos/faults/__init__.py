@@ -62,7 +62,18 @@ class Detection:
     def counter_grows(cls, query: str, note: str) -> "Detection":
         """The usual question: did this counter grow after the fault went in?"""
         return cls(query=query, signal="increase", predicate="> 0",
-                   promql=f"sum(increase({query}[1m]))", note=note)
+                   promql=grown(query, counter=True), note=note)
+
+
+def grown(query: str, counter: bool, window: str = "1m") -> str:
+    """PromQL for "how much did this grow over `window`", a series born within
+    it included: a counter first scraped at 1 (a job's first kill, a fresh
+    cgroup's RSS) has no increase() and no delta(), only a value it did not
+    have before. Always answers (0 for nothing), so a predicate can compare."""
+    born = f"(sum({query} unless {query} offset {window}) or vector(0))"
+    if counter:
+        return f"(sum(increase({query}[{window}])) or vector(0)) + {born}"
+    return f"(sum({query}) - sum({query} offset {window})) or {born}"
 
 
 def target_args(default_max: int = 1) -> dict[str, Arg]:

@@ -10,6 +10,7 @@ import time
 
 from ...attribution.procs import cgroup_v2_path
 from . import Arg, Availability, Detection, Fault, FaultError, Prepared, target_args
+from . import grown as grown_promql
 from .targets import (all_pids, cgroup_dir, check_cgroup_path, check_target_args,
                       enforce_blast_radius, resolve_processes, same_process)
 
@@ -208,7 +209,7 @@ class ProcStress(Fault):
             grown = args.get("workers", 1) * args.get("memory_bytes", 256 << 20) // 2
             q = "tracehound_cgroup_memory_rss_bytes" + sel
             return Detection(query=q, signal="increase", predicate=f"> {grown}",
-                             promql=f"delta({q}[1m])",
+                             promql=grown_promql(q, counter=False),
                              note="the resident memory of the cgroup's processes grows by half "
                                   "of what the workers hold (reclaim it forces shows as memory "
                                   "pressure)")
