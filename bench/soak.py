@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import signal
 import sys
 import time
 import urllib.request
@@ -41,6 +42,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seconds", type=float, default=600)
     args = ap.parse_args()
+    # a SIGTERM ends the run through the finally blocks: the mix and the agent go
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     agent = Tool("tracehound", tracehound() + ["run", "--listen", "127.0.0.1:0", *AGENT_FLAGS],
                  ready="serving metrics on")
     agent.start()
