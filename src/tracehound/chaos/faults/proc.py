@@ -15,6 +15,7 @@ from .targets import (all_pids, cgroup_dir, check_cgroup_path, check_target_args
                       enforce_blast_radius, resolve_processes, same_process)
 
 MARKER = "TRACEHOUND_CHAOS_FAULT"
+STARTUP_S = 1.0
 SIGNALS = ("KILL", "TERM", "INT", "HUP", "QUIT", "ABRT", "SEGV", "USR1", "USR2")
 
 
@@ -151,7 +152,10 @@ class ProcStress(Fault):
             raise FaultError("stress-ng is not installed (apt-get install stress-ng)")
         directory = cgroup_dir(args["cgroup"])
         n, kind = args["workers"], args["kind"]
-        argv = ["stress-ng", "--timeout", f"{args['seconds']}s", "--quiet"]
+        # stress-ng refuses to start without a writable directory of its own
+        # (the current one by default: "/" may be read-only)
+        argv = ["stress-ng", "--timeout", f"{args['seconds']}s", "--quiet",
+                "--temp-path", tempfile.gettempdir()]
         workdir = None
         if kind == "cpu":
             argv += ["--cpu", str(n)]
@@ -162,8 +166,8 @@ class ProcStress(Fault):
                 raise FaultError(f"temp_dir {args['temp_dir']} is not a directory")
             workdir = os.path.join(os.path.realpath(args["temp_dir"]),
                                    f".tracehound-chaos-stress-{fault_id}")
-            argv += ["--hdd", str(n), "--hdd-bytes", str(args["io_bytes"]),
-                     "--temp-path", workdir]
+            argv[argv.index("--temp-path") + 1] = workdir
+            argv += ["--hdd", str(n), "--hdd-bytes", str(args["io_bytes"])]
         return Prepared([f"{n} {kind} worker(s) in cgroup {args['cgroup']}"],
                         {"argv": argv, "procs_file": os.path.join(directory, "cgroup.procs"),
                          "marker": fault_id, "workdir": workdir, "kind": kind,
@@ -180,7 +184,11 @@ class ProcStress(Fault):
                                 env=env, cwd=state["workdir"] or "/", start_new_session=True,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=errors)
-        time.sleep(0.2)
+        # a stress-ng that refuses its arguments or its directory exits within
+        # a moment (longer on a slow machine); one still running has started
+        deadline = time.monotonic() + STARTUP_S
+        while proc.poll() is None and time.monotonic() < deadline:
+            time.sleep(0.05)
         if proc.poll() is not None and proc.returncode != 0:
             errors.seek(0)
             err = errors.read().decode(errors="replace").strip()
