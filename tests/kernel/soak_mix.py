@@ -55,7 +55,8 @@ class SoakMix:
         scaffold.start_tcp_stream(f"{ROOT_CGROUP}/tcp", *NETNS, ADDRS[1].split("/")[0],
                                   chunk=16384, interval=0.02)
         self.procs.append(_in_cgroup(f"{ROOT_CGROUP}/cpu", [
-            "stress-ng", "--cpu", "1", "--cpu-load", "40", "--timeout", "86400s", "--quiet"]))
+            "stress-ng", "--cpu", "1", "--cpu-load", "40", "--timeout", "86400s", "--quiet",
+            "--temp-path", self.workdir]))
         self._thread = threading.Thread(target=self._short_jobs, daemon=True)
         self._thread.start()
         return self

@@ -24,7 +24,7 @@ def test_a_busy_healthy_node_raises_no_anomaly(hook_mode):
             metrics = agent.scrape()
         assert events == [], events
         # the mix was real, and the rules were looking at it
-        assert mix.short_jobs >= SOAK_S // 4
+        assert mix.short_jobs >= SOAK_S // 6          # one every 3 s, each taking a moment
         value = lambda name, **labels: sum(v for (n, ls), v in metrics.items()  # noqa: E731
                                            if n == name and set(labels.items()) <= ls)
         assert value("tracehound_io_write_bytes_total", cgroup="/thsoak/fio") > 0
