@@ -73,9 +73,12 @@ def kinds(events):
     return [(e["kind"], e.get("reason")) for e in events]
 
 
-def test_a_job_that_moved_data_and_then_nothing_is_stalled_once_and_then_resumes(setup):
-    tree, _board, values, events, make = setup
+def test_a_gpu_job_that_moved_data_and_then_nothing_is_stalled_once_and_then_resumes(setup):
+    """Its CPUs spin meanwhile (a hung collective): for a job holding a GPU
+    only the GPU counts, and the event says how much CPU it burnt."""
+    tree, board, values, events, make = setup
     cg = tree.add("/slurm/job_7", {"sleeping": 2}, cpu_usec=1_000_000)
+    board.add("gpu", lambda: {cg: 50.0})          # busy seconds that do not grow
     det = make(stall_after=10)
     values[cg] = 100
     det.run_once(0)                      # baseline
@@ -91,7 +94,7 @@ def test_a_job_that_moved_data_and_then_nothing_is_stalled_once_and_then_resumes
     assert e["event"] == "job_anomaly" and e["cgroup"] == "/slurm/job_7"
     assert e["job_id"] == "7" and e["workload"] == "slurm"
     assert e["stalled_for_s"] == 10 and e["processes"] == 2
-    assert e["cpu_seconds"] == 3.0 and e["signals"] == ["io"]
+    assert e["cpu_seconds"] == 3.0 and e["signals"] == ["gpu", "io"]
     assert [g.samples for g in det.collect()][0][0].labels["reason"] == "no_progress"
     values[cg] = 300
     det.run_once(25)
@@ -246,3 +249,22 @@ def test_gpu_busy_seconds_grow_with_utilization_and_unmeasured_gpus_are_blind():
     now[0] = 120.0
     look((0.0, [1]))                                 # idle: no progress; 2 and 3 left
     assert busy.seconds == {1: 15.0}
+
+
+def test_a_job_without_a_gpu_that_computes_is_working_and_one_that_sleeps_is_not(setup):
+    tree, _board, values, events, make = setup
+    cg = tree.add("/slurm/job_7", {"running": 1}, cpu_usec=0)
+    det = make(stall_after=5)
+    values[cg] = 1
+    det.run_once(0)
+    values[cg] = 2
+    det.run_once(1)                                  # the last data it moves
+    for t in range(2, 30):                           # then a CPU-bound phase: a full CPU
+        tree.set("/slurm/job_7", cpu_usec=(t - 1) * 1_000_000)
+        det.run_once(t)
+    assert events == []
+    for t in range(30, 36):                          # then 1 % of a CPU: waiting
+        tree.set("/slurm/job_7", {"sleeping": 1}, cpu_usec=29_000_000 + (t - 29) * 10_000)
+        det.run_once(t)
+    assert kinds(events) == [("job_stalled", "no_progress")]
+    assert events[0]["stalled_for_s"] == 5 and events[0]["cpu_seconds"] == 0.05

@@ -11,8 +11,9 @@ systemd units are services that may idle for hours) and the cgroups named by
                 (SIGSTOP, a debugger) or its cgroup is frozen;
                 reason "no_progress": the workload made progress before (file
                 I/O, TCP bytes, GPU busy time: the progress sources the
-                subsystems publish) and has made none for `stall_after_s`,
-                though its processes live: a GPU it holds sits idle too. `cpu_seconds` says whether it spins (a hung
+                subsystems publish; CPU time too for a job without a GPU)
+                and has made none for `stall_after_s`, though its processes
+                live: a GPU it holds sits idle too. `cpu_seconds` says whether it spins (a hung
                 collective busy-polls) or sleeps.
   job_resumed   a stalled workload moves again (or its processes run again).
 
@@ -20,8 +21,12 @@ One job_stalled per episode. A workload whose data moves through a channel
 the agent cannot count (it holds RDMA objects, or a GPU whose utilization
 NVML does not give: the subsystems name such "blind" cgroups) is judged only
 on "stopped", so a healthy NCCL job over InfiniBand is never called stalled. The first look at a workload is a
-baseline: only data it moves while watched counts, so a CPU-only job, or one
-holding an idle control socket, is never "no_progress".
+baseline: only data it moves while watched counts, so a job holding an idle
+control socket is never "no_progress". A job without a GPU that computes is
+working: a CPU-bound solver between checkpoints is not a stall, and a rank
+hung in a busy loop is the one case this rule cannot see. For a job holding
+a GPU only the GPU counts: a hung collective spins its CPUs while the GPU
+idles, and `cpu_seconds` in the event says so.
 """
 from __future__ import annotations
 
@@ -39,6 +44,10 @@ from . import log_event, now_iso
 from .progress import ProgressBoard
 
 KINDS = ("job_stalled", "job_resumed")
+GPU_SOURCE = "gpu"
+# CPU time that counts as work for a job without a GPU: 5 % of one CPU. A
+# process waiting in poll() or on a lock uses next to none.
+CPU_BUSY_SHARE = 0.05
 JOB_WORKLOADS = ("slurm", "kubernetes", "vm")
 # a node has hundreds of cgroups, a busy one a few thousand: bound the walk
 MAX_CGROUPS = 4096
@@ -64,6 +73,8 @@ class _Workload:
     stalled: str | None = None           # the reason of the episode in progress
     stalled_since: float = 0.0
     seen: float = 0.0
+    cpu_seen: int = 0                    # CPU time (µs) and when, at the last look
+    seen_at: float = 0.0
     members: dict[int, str] = field(default_factory=dict)   # cgroup id -> path
 
 
@@ -157,11 +168,17 @@ class StallDetector:
         cpu = _cpu_usec(job.directory)
         progress = tuple(sorted((src, cgid, values[cgid]) for src, values in readings.items()
                                 for cgid in job.members if cgid in values))
+        # A job computing on its CPUs is working; one holding a GPU is judged
+        # by the GPU, whose collective may keep its CPUs spinning while the
+        # GPU idles (NCCL busy-polls).
+        holds_gpu = any(cgid in readings.get(GPU_SOURCE, {}) for cgid in job.members)
+        computing = (not first and not holds_gpu
+                     and cpu - job.cpu_seen >= CPU_BUSY_SHARE * 1e6 * (now - job.seen_at))
         # the first look is a baseline: counters that grew before it say
         # nothing about now (an idle control socket, an old checkpoint)
-        if not first and progress != job.progress:
+        if not first and (progress != job.progress or computing):
             job.last_progress, job.cpu_at_progress = now, cpu
-        job.progress = progress
+        job.progress, job.cpu_seen, job.seen_at = progress, cpu, now
         stopped = frozen or states.get("stopped", 0) == live
         if not stopped:
             job.stopped_since = None
