@@ -26,6 +26,7 @@ import subprocess
 import sys
 import tempfile
 import time
+import uuid
 
 import yaml
 
@@ -99,15 +100,19 @@ def start_prometheus(agent_url: str, interval: float, work: str):
 
 
 def run_once(url: str, name: str, interval: float, work: str,
-             prometheus: str | None = None) -> list[dict]:
+             prometheus: str | None = None, tag: str = "") -> list[dict]:
     with open(os.path.join(EXAMPLES, f"{name}.yaml")) as f:
         doc = with_interval(yaml.safe_load(f), interval, prometheus)
     path = os.path.join(work, f"{name}.json")
     with open(path, "w") as f:
         json.dump(doc, f)
     out_dir = os.path.join(work, f"{name}-report")
+    # Each run's own cgroup and scratch mount: a Prometheus window (increase
+    # over a minute) must not find the previous run's fault in the same series.
     env = {**os.environ, "TRACEHOUND_METRICS_URL": url, "CHAOS_HOLD_SECONDS": "1",
-           "CHAOS_STALL_TIMEOUT": str(max(20, 4 * interval))}
+           "CHAOS_STALL_TIMEOUT": str(max(20, 4 * interval)),
+           "CHAOS_CGROUP": f"/tracehound-chaos-{name}-{tag}",
+           "CHAOS_SCRATCH_DIR": f"/run/tracehound-chaos-{name}-{tag}"}
     log = os.path.join(work, f"{name}.log")
     with open(log, "w") as out:
         subprocess.run(tracehound() + ["chaos", "run", path, "--yes", "--journal",
@@ -208,7 +213,8 @@ def main() -> int:
         for name in names:
             for i in range(args.runs):
                 t0 = time.monotonic()
-                got = run_once(url, name, args.interval, work, prom_url)
+                got = run_once(url, name, args.interval, work, prom_url,
+                               tag=f"{i + 1}-{uuid.uuid4().hex[:6]}")
                 rows += got
                 print(f"{name} run {i + 1}: " + ", ".join(
                     f"{r['probe']} {'yes' if r['detected'] else 'NO'}"
