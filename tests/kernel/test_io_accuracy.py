@@ -188,7 +188,12 @@ def test_probe_modes_reported(agent, hook_mode):
     m = agent.scrape()
     modes = {dict(ls)["probe"]: dict(ls)["mode"] for (n, ls), v in m.items()
              if n == "tracehound_probe_info" and v == 1}
-    assert set(modes) == {"io.read", "io.write", "io.fsync", "io.open", "io.remove",
-                          "io.mkdir", "io.rename"}
+    io = {p: mode for p, mode in modes.items() if p.startswith("io.")}
+    assert set(io) == {"io.read", "io.write", "io.fsync", "io.open", "io.remove",
+                       "io.mkdir", "io.rename"}
     if hook_mode != "auto":
-        assert set(modes.values()) == {hook_mode}
+        assert set(io.values()) == {hook_mode}
+    # the exit and TCP hooks are tracepoints, whatever --hook-mode asks of the I/O probe
+    jobs = {p: mode for p, mode in modes.items() if p == "exits" or p.startswith("net.")}
+    assert set(jobs) == {"exits", "net.retransmit", "net.connect", "net.reset"}
+    assert set(jobs.values()) <= {"tp_btf", "raw_tp", "tracepoint"}, jobs
