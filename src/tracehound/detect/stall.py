@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..attribution.workload import WORKLOAD_LABELS
-from ..host.cgroup_state import process_states
+from ..host.cgroup_state import cpu_usec, process_states
 from . import log_event, now_iso
 from .progress import ProgressBoard
 
@@ -249,8 +249,4 @@ def _frozen(directory: str) -> bool:
 
 def _cpu_usec(directory: str) -> int:
     """CPU time of the cgroup and its descendants: tells a spin from a wait."""
-    for line in _read_small(os.path.join(directory, "cpu.stat")).splitlines():
-        parts = line.split()
-        if len(parts) == 2 and parts[0] == "usage_usec" and parts[1].isdigit():
-            return int(parts[1])
-    return 0
+    return cpu_usec(directory) or 0
