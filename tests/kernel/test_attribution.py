@@ -163,8 +163,10 @@ def test_slurm_v1_job_on_a_hybrid_host(agent, cgroup_root, cgroup, tmpfs):
     make_dirs(FREEZER_V1, step, made)
     size = 77_777
     holder = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, cgroup_root + cgroup + "/cgroup.procs",
-         FREEZER_V1 + step + "/cgroup.procs", os.path.join(tmpfs, "attr-v1"), str(size)],
+        # the v1 job first, as slurmstepd does before its task runs: an agent
+        # looking in between must not see a process of the v2 cgroup outside the job
+        [sys.executable, "-c", HOLDER, FREEZER_V1 + step + "/cgroup.procs",
+         cgroup_root + cgroup + "/cgroup.procs", os.path.join(tmpfs, "attr-v1"), str(size)],
         stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "written"

@@ -153,3 +153,17 @@ def test_pure_v2_host_never_looks_at_v1(tmp_path):
     assert resolver(cg, proc).resolve(SLURMD) == Workload(kind="systemd", unit="slurmd.service")
     forced = resolver(cg, proc, v1_lookup=True)
     assert forced.resolve(SLURMD).job_id == "7"
+
+
+def test_an_empty_cgroup_is_not_cached_as_no_job(host):
+    """A cgroup is made, then its first process joins a Slurm v1 job: the
+    answer read while it was empty must not hide the job until a recheck."""
+    cg, proc = host
+    clock = FakeClock()
+    r = resolver(cg, proc, clock=clock)
+    add_cgroup(cg, "/fresh.scope")
+    assert r.resolve("/fresh.scope").kind == "systemd"
+    assert "/fresh.scope" not in r.cached_paths()
+    add_process(proc, 470, cgroup=v1_cgroup(freezer="/slurm/uid_1/job_88/step_0/task_0"))
+    add_cgroup(cg, "/fresh.scope", [470])
+    assert r.resolve("/fresh.scope") == Workload(kind="slurm", job_id="88", step="0", task="0")

@@ -15,7 +15,9 @@ changes and is kept until ``forget``; an answer that depended on processes or
 on a pod source is kept until it is final (e.g. the pod's name was found) or
 re-checked after ``recheck_seconds``: a job's processes may not have
 started, a pod's logs may not exist yet, and the processes sharing a v2
-cgroup on a hybrid host come and go.
+cgroup on a hybrid host come and go. A hybrid host's cgroup with no
+processes yet is not cached at all: its first process may join a Slurm v1
+job a moment later, and a 30 s old "no job" would hide that job's first I/O.
 """
 from __future__ import annotations
 
@@ -32,6 +34,7 @@ from .slurm_jobs import JobIdSource, default_job_id_source
 from .workload import SLURM, UNATTRIBUTED, Workload
 
 _DEFAULT = object()
+_UNCACHED = object()     # an answer that may change at once: resolve it again next time
 
 
 class WorkloadResolver:
@@ -71,7 +74,8 @@ class WorkloadResolver:
         if entry is not None and (entry[1] is None or now < entry[1]):
             return entry[0]
         workload, final = self._resolve(cgroup_path)
-        self._cache[cgroup_path] = (workload, None if final else now + self.recheck_seconds)
+        if final is not _UNCACHED:
+            self._cache[cgroup_path] = (workload, None if final else now + self.recheck_seconds)
         return workload
 
     def labels(self, cgroup_path: str) -> tuple[str, ...]:
@@ -91,7 +95,7 @@ class WorkloadResolver:
     def cached_paths(self) -> list:
         return list(self._cache)
 
-    def _resolve(self, cgroup_path: str) -> tuple[Workload, bool]:
+    def _resolve(self, cgroup_path: str) -> tuple[Workload, object]:
         if not cgroup_path.startswith("/"):
             return UNATTRIBUTED, True       # "unknown:<id>" and the like
         components = systemd.split_path(cgroup_path)
@@ -109,7 +113,10 @@ class WorkloadResolver:
             return unit, True
         # A v2 cgroup shared by Slurm v1 jobs changes hands as jobs come and
         # go, so on a host with v1 hierarchies these answers are re-checked.
-        return self._slurm_from_v1(cgroup_path) or unit, False
+        pids = read_pids(self._cgroup_dir(cgroup_path))[:self.max_pids]
+        if not pids:
+            return unit, _UNCACHED
+        return self._slurm_from_v1(pids) or unit, False
 
     def _slurm(self, parsed: slurm.SlurmPath, cgroup_path: str) -> tuple[Workload, bool]:
         if not parsed.opaque:
@@ -140,13 +147,13 @@ class WorkloadResolver:
         comms = {(read_text(os.path.join(self.proc_root, str(pid), "comm")) or "").strip() for pid in pids}
         return comms == {"pause"}
 
-    def _slurm_from_v1(self, cgroup_path: str) -> Workload | None:
-        """The Slurm job that the processes of this v2 cgroup (itself, not its
-        descendants: those are counted under their own cgroups) are in
-        according to their v1 paths; None when none of them is Slurm's."""
+    def _slurm_from_v1(self, pids: Sequence[int]) -> Workload | None:
+        """The Slurm job that `pids`, the processes of one v2 cgroup (itself,
+        not its descendants: those are counted under their own cgroups), are
+        in according to their v1 paths; None when none of them is Slurm's."""
         jobs = []
         seen_slurm = unknown = False
-        for pid in read_pids(self._cgroup_dir(cgroup_path))[:self.max_pids]:
+        for pid in pids:
             v1_path = v1_path_of_pid(pid, self.v1_controllers, self.proc_root)
             parsed = slurm.parse(systemd.split_path(v1_path)) if v1_path else None
             if parsed is None:
