@@ -137,6 +137,24 @@ def tmpfs():
     os.rmdir(d)
 
 
+@pytest.fixture(scope="session")
+def ext4():
+    """A small ext4 of its own on a loop device: no other program's I/O
+    touches this mount (the host's root ext4 also serves every program's
+    libraries, which would add page-cache fills of their own)."""
+    base = tempfile.mkdtemp(prefix="thtest-ext4-")
+    image, mnt = os.path.join(base, "image"), os.path.join(base, "mnt")
+    os.mkdir(mnt)
+    with open(image, "wb") as f:
+        f.truncate(128 << 20)
+    subprocess.run(["mkfs.ext4", "-q", "-F", image], check=True)
+    subprocess.run(["modprobe", "loop"], check=False, capture_output=True)
+    subprocess.run(["mount", "-o", "loop", image, mnt], check=True)
+    yield mnt
+    subprocess.run(["umount", "-l", mnt], check=False)
+    subprocess.run(["rm", "-rf", base], check=False)
+
+
 @pytest.fixture
 def disk_dir():
     """A directory on a disk-backed file system: the root ext4 on a host; in

@@ -190,7 +190,10 @@ def test_probe_modes_reported(agent, hook_mode):
              if n == "tracehound_probe_info" and v == 1}
     io = {p: mode for p, mode in modes.items() if p.startswith("io.")}
     assert set(io) == {"io.read", "io.write", "io.fsync", "io.open", "io.remove",
-                       "io.mkdir", "io.rename"}
+                       "io.mkdir", "io.rename", "io.uring", "io.aio", "io.copy", "io.pagecache"}
+    # io_uring completions and page-cache fills are trace events in every mode
+    completions = {p: io.pop(p) for p in ("io.uring", "io.pagecache")}
+    assert set(completions.values()) == {"tracepoint"}, completions
     if hook_mode != "auto":
         assert set(io.values()) == {hook_mode}
     # the exit and TCP hooks are tracepoints, whatever --hook-mode asks of the I/O probe

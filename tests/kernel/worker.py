@@ -6,6 +6,7 @@ the listed operations happens inside it.
 """
 import errno
 import json
+import mmap
 import os
 import sys
 
@@ -83,6 +84,22 @@ def run(ops):
             elif name == "rename":
                 os.rename(args[0], args[1])
                 results.append(0)
+            elif name == "copy_file_range":    # src, dst -> bytes copied
+                results.append(_copy(args[0], args[1], lambda i, o, n: os.copy_file_range(i, o, n)))
+            elif name == "sendfile":           # src, dst (a file, or /dev/null)
+                results.append(_copy(args[0], args[1], lambda i, o, n: os.sendfile(o, i, None, n)))
+            elif name == "splice":             # src -> pipe -> dst
+                r, w = os.pipe()
+                results.append(_copy(args[0], args[1], lambda i, o, n: _splice_via(i, o, r, w)))
+                os.close(r)
+                os.close(w)
+            elif name == "mmap_read":          # path -> bytes touched, one load per page
+                fd = os.open(args[0], os.O_RDONLY)
+                size = os.fstat(fd).st_size
+                with mmap.mmap(fd, size, prot=mmap.PROT_READ) as m:
+                    sum(m[i] for i in range(0, size, mmap.PAGESIZE))
+                os.close(fd)
+                results.append(size)
             elif name == "chdir":
                 os.chdir(args[0])
                 results.append(0)
@@ -93,6 +110,30 @@ def run(ops):
     for fd in fds.values():
         os.close(fd)
     return results
+
+
+def _copy(src, dst, step):
+    """Move a whole file with `step(fd_in, fd_out, max)` until it returns 0."""
+    fd_in = os.open(src, os.O_RDONLY)
+    fd_out = os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    done = 0
+    try:
+        while True:
+            n = step(fd_in, fd_out, 1 << 20)
+            if n == 0:
+                return done
+            done += n
+    finally:
+        os.close(fd_in)
+        os.close(fd_out)
+
+
+def _splice_via(fd_in, fd_out, r, w):
+    n = os.splice(fd_in, w, 1 << 16)
+    left = n
+    while left:
+        left -= os.splice(r, fd_out, left)
+    return n
 
 
 def main():

@@ -14,13 +14,13 @@ SAMPLE = "27 1 254:0 / / rw - ext4 /dev/vda rw\n40 27 0:50 / /scratch rw - tmpfs
 
 
 def value(read_bytes=0, write_bytes=0, calls=None, errors=None, lat=None, hist=None,
-          not_found=None):
+          not_found=None, cache_fill=0):
     calls = calls or [0] * len(col.OPS)
     errors = errors or [0] * len(col.OPS)
     not_found = not_found or [0] * len(col.OPS)
     lat = lat or [0] * len(col.HISTS)
     hist = hist or [[0] * col.HIST_SLOTS for _ in col.HISTS]
-    flat = [read_bytes, write_bytes, *calls, *errors, *not_found, *lat, *sum(hist, [])]
+    flat = [read_bytes, write_bytes, *calls, *errors, *not_found, *lat, *sum(hist, []), cache_fill]
     assert len(flat) == col.N_FIELDS
     return struct.pack(f"{len(flat)}Q", *flat)
 
@@ -121,10 +121,10 @@ def test_keys_for_same_mount_merge_and_dev_keys_resolve(tmp_path):
     items = [
         (KEY.pack(7, 40, 0), value(read_bytes=100, hist=read_hist, lat=[25_000, 0, 0])),
         (KEY.pack(7, 40, 0), value(read_bytes=1)),
-        # namespace op keyed by device (0:50 is the tmpfs)
+        # namespace ops and page-cache fills are keyed by device (0:50 is the tmpfs)
         (KEY.pack(7, (0 << 20) | 50, col.KEY_DEV),
          value(calls=[0, 0, 0, 0, 0, 3, 0, 0, 0], errors=[0, 0, 0, 0, 0, 1, 0, 0, 0],
-               not_found=[0, 0, 4, 0, 0, 2, 0, 0, 0])),
+               not_found=[0, 0, 4, 0, 0, 2, 0, 0, 0], cache_fill=8192)),
     ]
     fams = collect(items, tmp_path)
     # workload labels that do not apply are left out
@@ -135,6 +135,7 @@ def test_keys_for_same_mount_merge_and_dev_keys_resolve(tmp_path):
             if s.labels == lbl and (name is None or s.name == name):
                 return s.value
     assert val("tracehound_io_read_bytes") == 101
+    assert val("tracehound_io_pagecache_fill_bytes") == 8192
     assert val("tracehound_io_read_requests") == 5      # from the histogram
     assert val("tracehound_io_mkdir_requests") == 3
     assert val("tracehound_io_mkdir_errors") == 1

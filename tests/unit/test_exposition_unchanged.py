@@ -26,7 +26,7 @@ from tracehound.exporter.exposition import TEXT, render
 from tracehound.exporter.registry import register_all
 from tracehound.exporter.scrape import Scraper
 from tracehound.host.mounts import MountTable
-from tracehound.probes.io import LOOKUP_OPS
+from tracehound.probes.io import COUNTERS_AT, IO_STATS, LOOKUP_OPS
 from tracehound.probes.rdma_maps import MAPS as RDMA_MAPS
 from tracehound.subsystems.base import Context
 from tracehound.subsystems.io import IoSubsystem
@@ -40,7 +40,7 @@ PATHS = {1: "/", 100: "/system.slice/slurmstepd.scope/job_42/step_0/user/task_0"
          102: "/system.slice/nginx.service", 103: "/machine.slice/machine-qemu\\x2d1\\x2dvm1.scope"}
 DEAD = {103}
 # families the agent exports today that the reference scrape did not have
-NEW_FAMILIES = ("tracehound_collector_",
+NEW_FAMILIES = ("tracehound_collector_", "tracehound_io_pagecache_fill_bytes",
                 *(f"tracehound_io_{op}_not_found" for op in LOOKUP_OPS),
                 "tracehound_rdma_app_", "tracehound_rdma_qp_events")
 LEFT_OUT = ("tracehound_agent_allocated_blocks", "tracehound_build")
@@ -106,8 +106,10 @@ def started_subsystems(maps):
     io, rdma = IoSubsystem(ctx), RdmaSubsystem(ctx)
     # the probes as start() leaves them, over fixed maps instead of loaded ones
     io.probe._maps = {n: FixedMap(maps[n]) for n in ("io_stats", "io_health")}
-    # entries as the kernel lays them out: the key in front of the counters
+    # entries as the kernel lays them out: the key in front of the counters;
+    # counters appended to struct io_stats since the recording are 0
     fixed = io.probe._maps["io_stats"]
+    fixed.rows = {k: v.ljust(IO_STATS.size - COUNTERS_AT, b"\0") for k, v in fixed.rows.items()}
     io.probe._entries = lambda: ((k, k + v) for k, v in fixed.iter_items())
 
     def retire(key):

@@ -19,7 +19,7 @@ MODES = ("fentry", "kprobe", "tracepoint")
 # userspace on top of it and stays on the host; so does Slurm's v1 layout,
 # which needs the host's hybrid v1 hierarchies (the guest is pure v2).
 VM_SUITE = ("tests/kernel/test_io_accuracy.py", "tests/kernel/test_agent_options.py",
-            "tests/kernel/test_attribution.py",
+            "tests/kernel/test_attribution.py", "tests/kernel/test_io_async.py",
             "--deselect", "tests/kernel/test_attribution.py::test_slurm_v1_job_on_a_hybrid_host")
 
 GUEST_SCRIPT = """

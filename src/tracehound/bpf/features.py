@@ -48,9 +48,15 @@ class HookMode:
 @dataclass(frozen=True)
 class HookGroup:
     """Operations that must share a mode so no call is counted twice.
-    `modes` is ordered best first: (mode name, HookMode) pairs."""
+    `modes` is ordered best first: (mode name, HookMode) pairs. An optional
+    group the kernel cannot hook is left out (and reported) instead of
+    failing its probe."""
     name: str
     modes: tuple[tuple[str, HookMode], ...]
+    optional: bool = False
+    # hooked by trace events that exist whatever the hook mode: the group's
+    # modes are tried even when the probe is forced to another mode
+    any_mode: bool = False
 
     def mode(self, name: str) -> HookMode | None:
         return dict(self.modes).get(name)
@@ -154,6 +160,29 @@ def tp_btf_check() -> ModeCheck:
     return ModeCheck(True, "tp_btf sys_enter/sys_exit")
 
 
+VMLINUX_BTF = "/sys/kernel/btf/vmlinux"
+
+
+@lru_cache(maxsize=1)
+def _vmlinux_btf() -> bytes:
+    try:
+        with open(VMLINUX_BTF, "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def btf_tracepoint_check(tracepoint: str) -> ModeCheck:
+    """The kernel has the tracepoint if its BTF names the typedef every
+    tracepoint gets (btf_trace_<name>); CO-RE needs that BTF anyway."""
+    btf = _vmlinux_btf()
+    if not btf:
+        return ModeCheck(False, f"no kernel BTF at {VMLINUX_BTF}")
+    if b"\0btf_trace_" + tracepoint.encode() + b"\0" not in btf:
+        return ModeCheck(False, f"no {tracepoint} tracepoint in this kernel")
+    return ModeCheck(True, f"{tracepoint} tracepoint")
+
+
 def syscall_event_check(syscall: str) -> ModeCheck:
     if not ensure_tracefs():
         return ModeCheck(False, "tracefs is not mounted and could not be mounted")
@@ -188,7 +217,7 @@ def plan(groups: Sequence[HookGroup], forced: str = "auto",
     out = []
     for group in groups:
         gp = GroupPlan(group, None)
-        names = [m for m, _ in group.modes] if forced == "auto" else [forced]
+        names = [m for m, _ in group.modes] if forced == "auto" or group.any_mode else [forced]
         for mode in names:
             hook = group.mode(mode)
             if hook is None:
@@ -201,7 +230,7 @@ def plan(groups: Sequence[HookGroup], forced: str = "auto",
             gp.checks[mode] = res
             if res.ok and gp.mode is None:
                 gp.mode = mode
-                if forced == "auto":
+                if forced == "auto" or group.any_mode:
                     break
         out.append(gp)
     return out
@@ -214,13 +243,14 @@ def load_with_fallback(probe: str, groups: Sequence[HookGroup], forced: str,
     demoted to its next mode and the whole probe is loaded again.
 
     every_group: a group left without a mode is an error (the I/O probe must
-    count everything); otherwise the probe runs with the groups that have
-    one, as long as at least one does. A refusal in a forced mode is raised
-    as is when it leaves a required group without a mode."""
+    count everything), unless the group is optional; otherwise the probe
+    runs with the groups that have one, as long as at least one does. A
+    refusal in a forced mode is raised as is when it leaves a required group
+    without a mode."""
     demoted: dict[str, set[str]] = {}
     for _ in range(retries):
         plans = plan(groups, forced, demoted)
-        unusable = [p for p in plans if p.mode is None]
+        unusable = [p for p in plans if p.mode is None and not p.group.optional]
         if every_group and unusable:
             p = unusable[0]
             raise TracehoundError(f"{probe} probe: no usable hook for {p.group.name} ({p.why_not()})")
@@ -233,7 +263,7 @@ def load_with_fallback(probe: str, groups: Sequence[HookGroup], forced: str,
             return plans
         except ProbeError as exc:
             failed = next((p for p in active if exc.program in p.group.programs(p.mode)), None)
-            if failed is None or (every_group and forced != "auto"):
+            if failed is None or (every_group and forced != "auto" and not failed.group.optional):
                 raise
             log.warning("%s probe: %s in %s mode failed (%s); trying the next mode",
                         probe, failed.group.name, failed.mode, exc.reason)

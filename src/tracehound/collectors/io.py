@@ -18,7 +18,8 @@ from ..attribution.workload import WORKLOAD_LABELS
 from ..exporter.exposition import Blocks, HistogramRows, Log2Histogram, Slices, ValueRows
 from ..exporter.series import SeriesBook
 from ..host.mounts import MountTable
-from ..probes.io import HEALTH, HIST_SLOTS, HISTS, KEY_DEV, LOOKUP_OPS, N_FIELDS, OPS, IoKey
+from ..probes.io import (CACHE_FILL, HEALTH, HIST_SLOTS, HISTS, KEY_DEV, LOOKUP_OPS, N_FIELDS, OPS,
+                         IoKey)
 
 # Exported bucket bounds: 2^k ns for k in 10..31 (1 us .. 2.1 s). Kernel
 # slots below 2^10 ns fold into the first bucket; slot 31 only reaches +Inf.
@@ -196,6 +197,10 @@ class IoCollector:
         yield counter("write_bytes",
                       "Bytes accepted by write-type calls (return value, not request size).",
                       [s.v[1] for s in rows])
+        yield counter("pagecache_fill_bytes",
+                      "Bytes of file pages added to the page cache: read-ahead, read misses, "
+                      "memory-mapped page faults, and pages a write allocated.",
+                      [s.v[CACHE_FILL] for s in rows])
         calls = [s.calls for s in rows]
         for i, op in enumerate(OPS):
             yield counter(f"{op}_requests", f"{op} calls, successful or not.",

@@ -6,6 +6,8 @@
  *   fe_ and fx_ programs: fentry/fexit on vfs_ functions    (io_vfs.bpf.h)
  *   kp_ and kr_ programs: kprobe/kretprobe on the same ones  (io_vfs.bpf.h)
  *   tp_ programs:         raw syscall tracepoints            (io_syscalls.bpf.h)
+ * Data that bypasses those functions (io_uring, Linux AIO, copies between
+ * files, page-cache fills) is counted where it completes (io_async.bpf.h).
  * This file holds the maps and what every mode shares: mount and cgroup
  * attribution and the accounting itself. Userspace never sees individual
  * events; it reads io_slots and io_stats at scrape time.
@@ -359,10 +361,10 @@ static __always_inline struct io_stats *stats_of(struct io_key *key)
  * (latency off for the op, or the call began before the probe attached):
  * a timed call is counted in its histogram, any other in calls[op], and the
  * scrape adds the two, so every call is counted exactly once. */
-static __always_inline void account_in(struct task_struct *task, __u32 mnt, __u32 flags, __u32 op,
+static __always_inline void account_cg(__u64 cgroup_id, __u32 mnt, __u32 flags, __u32 op,
 				       long ret, __u64 delta)
 {
-	struct io_key key = { .cgroup_id = cgroup_id_of(task), .mnt = mnt, .flags = flags };
+	struct io_key key = { .cgroup_id = cgroup_id, .mnt = mnt, .flags = flags };
 	struct io_stats *s = stats_of(&key);
 	int hist = op == OP_READ ? HIST_READ : op == OP_WRITE ? HIST_WRITE :
 		   op == OP_FSYNC ? HIST_FSYNC : HIST_NONE;
@@ -388,10 +390,17 @@ static __always_inline void account_in(struct task_struct *task, __u32 mnt, __u3
 	}
 }
 
+static __always_inline void account_in(struct task_struct *task, __u32 mnt, __u32 flags, __u32 op,
+				       long ret, __u64 delta)
+{
+	account_cg(cgroup_id_of(task), mnt, flags, op, ret, delta);
+}
+
 static __always_inline void account(__u32 mnt, __u32 flags, __u32 op, long ret, __u64 delta)
 {
 	account_in(bpf_get_current_task_btf(), mnt, flags, op, ret, delta);
 }
 
+#include "io_async.bpf.h"
 #include "io_syscalls.bpf.h"
 #include "io_vfs.bpf.h"

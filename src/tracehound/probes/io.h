@@ -50,6 +50,7 @@ struct io_stats {
 	__u64 not_found[OP_MAX]; /* ENOENT from open..rename: a name that is not there */
 	__u64 lat_sum_ns[HIST_MAX];
 	__u64 hist[HIST_MAX][HIST_SLOTS];
+	__u64 cache_fill;        /* bytes of file pages added to the page cache */
 };
 
 /* Index of counters in the io_health array. */
@@ -62,9 +63,14 @@ enum io_health {
 /* What the loader knows before load, fixed in .rodata: the verifier sees
  * the values and drops the code they switch off, and no event pays a map
  * read for them. */
+/* settings.tp_ops bits above the enum io_op ones: syscalls the raw syscall
+ * hooks count for groups that move data without read/write calls */
+#define TP_COPY (1u << 16)    /* copy_file_range, sendfile, splice */
+#define TP_AIO (1u << 17)     /* io_getevents, io_pgetevents */
+
 struct io_settings {
 	__u32 agent_mnt_ns;   /* inode of the agent's mount namespace */
-	__u32 tp_ops;         /* bit per enum io_op counted by the syscall hooks */
+	__u32 tp_ops;         /* bit per enum io_op counted by the syscall hooks, and TP_* */
 	__u32 timed_ops;      /* bit per enum io_op whose latency is measured */
 	__u32 slots;          /* max_entries of io_stats and io_slots */
 };

@@ -34,6 +34,8 @@ LOOKUP_OPS = OPS[OPS.index("open"):OPS.index("rename") + 1]
 HISTS = ("read", "write", "fsync")
 HIST_SLOTS = 32
 KEY_DEV = 1                          # IO_KEY_DEV: mnt holds a device number
+# settings.tp_ops bits of the groups counted at syscall exit (io.h TP_*)
+TP_BITS = {"copy": 1 << 16, "aio": 1 << 17}
 HEALTH = ("io_stats", "io_start")    # enum io_health: which map was full
 FSTYPE_LEN = 16
 PATH_LEN = 256
@@ -46,11 +48,13 @@ IO_STATS = Layout("io_stats", [
     ("owner", f"{IO_KEY.size}s"),
     ("bytes", "Q", 2), ("calls", "Q", len(OPS)), ("errors", "Q", len(OPS)),
     ("not_found", "Q", len(OPS)),
-    ("lat_sum_ns", "Q", len(HISTS)), ("hist", "Q", len(HISTS) * HIST_SLOTS)])
+    ("lat_sum_ns", "Q", len(HISTS)), ("hist", "Q", len(HISTS) * HIST_SLOTS),
+    ("cache_fill", "Q")])
 # after the owner key every field of struct io_stats is a __u64: Python reads
 # the counters as one flat array
 COUNTERS_AT = IO_KEY.size
 N_FIELDS = (IO_STATS.size - COUNTERS_AT) // 8
+CACHE_FILL = N_FIELDS - 1            # index of cache_fill among the counters
 LAYOUTS = (
     IO_KEY, IO_STATS,
     Layout("io_settings", [("agent_mnt_ns", "I"), ("tp_ops", "I"), ("timed_ops", "I"),
@@ -119,6 +123,37 @@ def _group(name: str, functions: tuple[str, ...], syscalls: tuple[str, ...],
     ))
 
 
+def _syscall_group(name: str, syscalls: tuple[str, ...]) -> HookGroup:
+    """Syscalls that move file data past the VFS read and write functions
+    (io_async.bpf.h): the raw syscall hooks count them in tracepoint mode;
+    the VFS modes attach these syscalls' own trace events instead, on a
+    kernel that offers that mode, so a probe's groups report one mode."""
+    events = tuple(f"sc_{p}_{s}" for s in syscalls for p in ("enter", "exit"))
+    event_checks = tuple((lambda s=s: features.syscall_event_check(s)) for s in syscalls)
+    summary = ", ".join(f"{s} trace events" for s in syscalls)
+
+    def vfs(mode: str) -> HookMode:
+        return HookMode(events, features.function_checks(mode, ("vfs_read",)) + event_checks,
+                        summary)
+
+    def tracepoint() -> features.ModeCheck:
+        res = features.tp_btf_check()
+        return res if not res.ok else features.ModeCheck(True, f"{res.reason}: {', '.join(syscalls)}")
+
+    return HookGroup(name, (("fentry", vfs("fentry")), ("kprobe", vfs("kprobe")),
+                            ("tracepoint", HookMode(SYSCALL_PROGRAMS, (tracepoint,)))),
+                     optional=True)
+
+
+def _trace_event_group(name: str, tracepoint: str, program: str) -> HookGroup:
+    """Counted where the kernel completes the work, through one BTF trace
+    event, whichever mode the rest of the probe runs in."""
+    hook = HookMode((program,), (features.tp_btf_check,
+                                 lambda: features.btf_tracepoint_check(tracepoint)),
+                    f"tp_btf/{tracepoint}")
+    return HookGroup(name, (("tracepoint", hook),), optional=True, any_mode=True)
+
+
 GROUPS = (
     _group("read", ("vfs_read", "vfs_readv"), ("read", "pread64", "readv", "preadv", "preadv2")),
     _group("write", ("vfs_write", "vfs_writev"),
@@ -129,6 +164,11 @@ GROUPS = (
     _group("remove", ("vfs_unlink", "vfs_rmdir"), ("unlink", "unlinkat", "rmdir")),
     _group("mkdir", ("vfs_mkdir",), ("mkdir", "mkdirat")),
     _group("rename", ("vfs_rename",), ("rename", "renameat", "renameat2")),
+    # data moved past vfs_read/vfs_write: each counted once, where it completes
+    _trace_event_group("uring", "io_uring_complete", "tb_io_uring_complete"),
+    _syscall_group("aio", ("io_getevents", "io_pgetevents")),
+    _syscall_group("copy", ("copy_file_range", "sendfile64", "splice")),
+    _trace_event_group("pagecache", "mm_filemap_add_to_page_cache", "tb_filemap_add"),
 )
 # the operations each group counts (its bits in settings.tp_ops)
 GROUP_OPS = {"read": ("read",), "write": ("write",), "fsync": ("fsync",),
@@ -137,7 +177,10 @@ GROUP_OPS = {"read": ("read",), "write": ("write",), "fsync": ("fsync",),
 
 
 def op_mask(group: str) -> int:
-    return sum(1 << OPS.index(op) for op in GROUP_OPS[group])
+    """The group's bits in settings.tp_ops (used in tracepoint mode)."""
+    if group in TP_BITS:
+        return TP_BITS[group]
+    return sum(1 << OPS.index(op) for op in GROUP_OPS.get(group, ()))
 
 
 def decode_values(raw: bytes) -> array.array:
@@ -313,15 +356,16 @@ class IoProbe:
 
     def progress(self) -> dict[int, int]:
         """cgroup id -> a number that grows with every byte moved and every
-        call made in it (the stall detector's I/O source). Bytes, calls and
-        the latency sum of timed calls, which are counted in histograms, not
-        calls; errors are not progress."""
+        call made in it (the stall detector's I/O source). Bytes, calls, the
+        latency sum of timed calls, which are counted in histograms, not
+        calls, and page-cache fills; errors are not progress."""
         lat = 2 + 3 * len(OPS)
         out: dict[int, int] = {}
         for k, v in self._entries():
             a = decode_values(v)
             cgid = KEY.unpack(k)[0]
-            out[cgid] = out.get(cgid, 0) + sum(a[:2 + len(OPS)]) + sum(a[lat:lat + len(HISTS)])
+            out[cgid] = (out.get(cgid, 0) + sum(a[:2 + len(OPS)]) + sum(a[lat:lat + len(HISTS)])
+                         + a[CACHE_FILL])
         return out
 
     def _entries(self) -> Iterator[tuple[bytes, bytes]]:
@@ -371,5 +415,10 @@ class IoProbe:
 
     # -- reporting ------------------------------------------------------------
     def modes(self) -> dict[str, str]:
-        """probe name ('io.read', ...) -> hook mode in use."""
-        return {f"io.{p.group.name}": p.mode for p in self.plans}
+        """probe name ('io.read', ...) -> hook mode in use (an optional group
+        this kernel cannot hook is absent)."""
+        return {f"io.{p.group.name}": p.mode for p in self.plans if p.mode}
+
+    def missing(self) -> dict[str, str]:
+        """probe name -> why this kernel could not hook that optional group."""
+        return {f"io.{p.group.name}": p.why_not() for p in self.plans if not p.mode}

@@ -96,6 +96,19 @@ static __always_inline void tp_open_exit(struct task_struct *task, long id, stru
 		account_in(task, mnt, 0, OP_CREATE, ret, 0);
 }
 
+/* copies and AIO reaps (io_async.bpf.h), for the groups in this mode */
+static __always_inline void tp_async_exit(long id, struct pt_regs___th *r, long ret)
+{
+	if (settings.tp_ops & TP_COPY) {
+		if (id == NR(copy_file_range) || id == NR(splice))
+			copy_done(bpf_get_current_task_btf(), r->di, r->dx, ret);
+		else if (id == NR(sendfile))
+			copy_done(bpf_get_current_task_btf(), r->si, r->di, ret);
+	}
+	if ((settings.tp_ops & TP_AIO) && (id == NR(io_getevents) || id == NR(io_pgetevents)))
+		aio_reaped(r->r10, ret);
+}
+
 SEC("tp_btf/sys_exit")
 int BPF_PROG(tp_sys_exit, struct pt_regs *regs, long ret)
 {
@@ -105,8 +118,11 @@ int BPF_PROG(tp_sys_exit, struct pt_regs *regs, long ret)
 	struct task_struct *task;
 	__u64 delta = 0;
 
-	if (!tp_counts(op))
+	if (!tp_counts(op)) {
+		if (op < 0 && (settings.tp_ops & (TP_COPY | TP_AIO)))
+			tp_async_exit(id, r, ret);
 		return 0;
+	}
 	task = bpf_get_current_task_btf();
 	switch (op) {
 	case OP_READ: case OP_WRITE: case OP_FSYNC:

@@ -186,9 +186,6 @@ static __always_inline void file_start(__u32 op, struct file *f)
  * replace (kprobe) or cancel (fexit) that start, and exit finds nothing left
  * to count. */
 
-struct sys_enter_ctx { __u64 common; int nr; unsigned long args[6]; };
-struct sys_exit_ctx { __u64 common; int nr; long ret; };
-
 SEC("tracepoint/syscalls/sys_enter_fdatasync")
 int sc_enter_fdatasync(struct sys_enter_ctx *ctx)
 { file_start(OP_FSYNC, fd_file(bpf_get_current_task_btf(), ctx->args[0])); return 0; }

@@ -13,10 +13,10 @@ import os
 import struct
 import threading
 from dataclasses import dataclass
-from functools import lru_cache
 
 from .. import defaults
 from ..bpf import features
+from ..bpf.features import btf_tracepoint_check as tracepoint_check
 from ..bpf.layout import EnumLayout, Layout
 from ..bpf.loader import BpfObject, Map
 from ..errors import TracehoundError
@@ -50,29 +50,6 @@ HOOKS = {
     "connect": "inet_sock_set_state",
     "reset": "tcp_receive_reset",
 }
-VMLINUX_BTF = "/sys/kernel/btf/vmlinux"
-
-
-@lru_cache(maxsize=1)
-def _vmlinux_btf() -> bytes:
-    try:
-        with open(VMLINUX_BTF, "rb") as f:
-            return f.read()
-    except OSError:
-        return b""
-
-
-def tracepoint_check(tracepoint: str) -> features.ModeCheck:
-    """The kernel has the tracepoint if its BTF names the typedef every
-    tracepoint gets (btf_trace_<name>); CO-RE needs that BTF anyway."""
-    btf = _vmlinux_btf()
-    if not btf:
-        return features.ModeCheck(False, f"no kernel BTF at {VMLINUX_BTF}")
-    if b"\0btf_trace_" + tracepoint.encode() + b"\0" not in btf:
-        return features.ModeCheck(False, f"no {tracepoint} tracepoint in this kernel")
-    return features.ModeCheck(True, f"{tracepoint} tracepoint")
-
-
 def net_groups() -> tuple[features.HookGroup, ...]:
     def hook(mode: str, tracepoint: str) -> features.HookMode:
         return features.HookMode((f"{PREFIX[mode]}_{tracepoint}",),

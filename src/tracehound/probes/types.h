@@ -103,6 +103,39 @@ struct renamedata {
 	struct dentry *old_dentry;
 } PRESERVE;
 
+/* io_uring's request (io_uring/io_uring_types.h): the submitter is
+ * req->task before 6.6, req->tctx->task since */
+struct io_uring_task {
+	struct task_struct *task;
+} PRESERVE;
+
+struct io_cqe {
+	__s32 res;
+} PRESERVE;
+
+struct io_kiocb {
+	struct file *file;
+	u8 opcode;
+	struct io_cqe cqe;
+	struct task_struct *task;
+	struct io_uring_task *tctx;
+} PRESERVE;
+
+struct address_space {
+	struct inode *host;
+} PRESERVE;
+
+/* A large folio's page count: _folio_nr_pages before 6.9, _nr_pages since */
+struct folio {
+	struct address_space *mapping;
+	unsigned int _nr_pages;
+	unsigned int _folio_nr_pages;
+} PRESERVE;
+
+enum pageflags {
+	PG_head = 16,    /* relocated: the bit differs between kernels and configs */
+};
+
 /* The uapi pt_regs is enough for PT_REGS_PARMn in kprobe programs. */
 #include <asm/ptrace.h>
 

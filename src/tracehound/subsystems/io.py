@@ -43,7 +43,9 @@ class IoSubsystem(Subsystem):
         return self.probe.modes()
 
     def status_lines(self) -> list[str]:
-        return mode_lines(self.modes())
+        return mode_lines(self.modes()) + [
+            f"probe {name:<10} not hooked on this kernel: {why}"
+            for name, why in self.probe.missing().items()]
 
     @classmethod
     def doctor(cls, hook_mode: str) -> DoctorReport:

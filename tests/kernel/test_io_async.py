@@ -1,0 +1,139 @@
+"""Data moved past the read/write calls, counted exactly: io_uring and Linux
+AIO requests, copies between files (copy_file_range, sendfile, splice) and
+file pages brought into the page cache (memory-mapped and plain reads).
+
+Real programs do the I/O (fio's io_uring and libaio engines, the worker's
+syscalls) in a fresh cgroup on a tmpfs and on an ext4 of their own, and the
+agent's series for that cgroup and mount must equal the bytes moved. The VM
+tier runs this file in every hook mode."""
+import json
+import os
+
+import pytest
+
+from .conftest import exec_in_cgroup, run_in_cgroup, series
+
+MIB = 1 << 20
+SIZE = 4 * MIB
+BS = 64 * 1024
+
+
+@pytest.fixture(params=["tmpfs", "ext4"])
+def fs(request):
+    return request.getfixturevalue(request.param)
+
+
+def make_file(path: str, size: int) -> None:
+    """Written by the test itself (outside the measured cgroup), on disk."""
+    with open(path, "wb") as f:
+        f.write(os.urandom(size))
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def drop_cache(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+    finally:
+        os.close(fd)
+
+
+def fio(cgroup_root, cgroup, *args) -> dict:
+    out = exec_in_cgroup(cgroup_root, cgroup, ["fio", "--output-format=json", "--name=t",
+                                               "--thread=0", *args])
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    return json.loads(out.stdout[out.stdout.index("{"):])["jobs"][0]
+
+
+def io_series(agent, cgroup, mnt):
+    m = agent.scrape()
+
+    def get(name):
+        return series(m, f"tracehound_io_{name}_total", cgroup=cgroup, mountpoint=mnt)
+    return get
+
+
+ENGINES = {
+    "io_uring": ["--ioengine=io_uring", "--nonvectored=1"],
+    "io_uring-vectored": ["--ioengine=io_uring", "--nonvectored=0"],
+    "io_uring-fixed": ["--ioengine=io_uring", "--fixedbufs=1"],
+    "libaio": ["--ioengine=libaio", "--iodepth=8"],
+}
+
+
+@pytest.mark.parametrize("engine", list(ENGINES))
+def test_async_engines_count_exact_bytes(agent, cgroup_root, cgroup, fs, engine):
+    """Writes then reads through the engine: bytes and requests equal what
+    fio moved; fsync requests are counted too."""
+    args = [*ENGINES[engine], f"--bs={BS}", f"--size={SIZE}", f"--filename={fs}/async-{engine}"]
+    # O_DIRECT where the file system takes it (tmpfs only since 6.6)
+    direct = ["--direct=1"] if engine == "libaio" and fs.endswith("/mnt") else []
+    wrote = fio(cgroup_root, cgroup, "--rw=write", "--fsync=16", *args, *direct)
+    assert wrote["write"]["io_bytes"] == SIZE
+    got = io_series(agent, cgroup, fs)
+    assert got("write_bytes") == SIZE
+    assert got("write_requests") == SIZE // BS
+    assert got("fsync_requests") == wrote["sync"]["total_ios"] > 0
+    assert got("write_errors") == 0
+    read = fio(cgroup_root, cgroup, "--rw=read", *args, *direct)
+    assert read["read"]["io_bytes"] == SIZE
+    got = io_series(agent, cgroup, fs)
+    assert got("read_bytes") == SIZE
+    assert got("read_requests") == SIZE // BS
+    assert got("read_errors") == 0
+
+
+COPIES = ("copy_file_range", "sendfile", "splice")
+
+
+@pytest.mark.parametrize("how", COPIES)
+def test_copies_count_the_source_read_and_the_target_write(agent, cgroup_root, cgroup, fs, how):
+    size = SIZE + 12_345
+    src, dst = os.path.join(fs, f"{how}-src"), os.path.join(fs, f"{how}-dst")
+    make_file(src, size)
+    assert run_in_cgroup(cgroup_root, cgroup, [[how, src, dst]]) == [size]
+    got = io_series(agent, cgroup, fs)
+    assert got("read_bytes") == size
+    assert got("write_bytes") == size
+    assert got("read_errors") == got("write_errors") == 0
+
+
+def test_sendfile_to_a_device_counts_only_the_file(agent, cgroup_root, cgroup, tmpfs):
+    size = MIB + 7
+    src = os.path.join(tmpfs, "sendfile-null-src")
+    make_file(src, size)
+    assert run_in_cgroup(cgroup_root, cgroup, [["sendfile", src, "/dev/null"]]) == [size]
+    m = agent.scrape()
+    assert series(m, "tracehound_io_read_bytes_total", cgroup=cgroup, mountpoint=tmpfs) == size
+    assert series(m, "tracehound_io_write_bytes_total", cgroup=cgroup) == 0
+
+
+def test_a_copy_between_two_mounts_reads_on_one_and_writes_on_the_other(
+        agent, cgroup_root, cgroup, tmpfs, ext4):
+    size = 2 * MIB + 1
+    src, dst = os.path.join(ext4, "cross-src"), os.path.join(tmpfs, "cross-dst")
+    make_file(src, size)
+    assert run_in_cgroup(cgroup_root, cgroup, [["sendfile", src, dst]]) == [size]
+    m = agent.scrape()
+    assert series(m, "tracehound_io_read_bytes_total", cgroup=cgroup, mountpoint=ext4) == size
+    assert series(m, "tracehound_io_write_bytes_total", cgroup=cgroup, mountpoint=ext4) == 0
+    assert series(m, "tracehound_io_write_bytes_total", cgroup=cgroup, mountpoint=tmpfs) == size
+    assert series(m, "tracehound_io_read_bytes_total", cgroup=cgroup, mountpoint=tmpfs) == 0
+
+
+@pytest.mark.parametrize("how", ["mmap_read", "read"])
+def test_a_cold_read_fills_the_page_cache_with_the_file(agent, cgroup_root, cgroup, ext4, how):
+    """Pages come in once: the cold read adds the file's size, a second
+    read of the cached file adds nothing."""
+    size = 8 * MIB
+    path = os.path.join(ext4, f"cold-{how}")
+    make_file(path, size)
+    drop_cache(path)
+    op = [how, path] if how == "mmap_read" else [how, path, BS]
+    assert run_in_cgroup(cgroup_root, cgroup, [op]) == [size]
+    got = io_series(agent, cgroup, ext4)
+    assert got("pagecache_fill_bytes") == size
+    assert got("read_bytes") == (size if how == "read" else 0)
+    assert run_in_cgroup(cgroup_root, cgroup, [op]) == [size]
+    assert io_series(agent, cgroup, ext4)("pagecache_fill_bytes") == size
