@@ -81,7 +81,7 @@ def test_every_alert_has_a_severity_and_says_where():
 def test_alert_severities():
     rules = alerts()
     assert rules["TracehoundProbeDegraded"]["labels"]["severity"] == "info"
-    assert 'mode!="fentry"' in rules["TracehoundProbeDegraded"]["expr"]
+    assert 'mode=~"kprobe|tracepoint"' in rules["TracehoundProbeDegraded"]["expr"]
     for critical in ("TracehoundGpuLost", "TracehoundGpuEccUncorrectable",
                      "TracehoundGpuCriticalXid", "TracehoundRdmaPortError"):
         assert rules[critical]["labels"]["severity"] == "critical", critical

@@ -169,19 +169,26 @@ static __always_inline bool skip_sb(struct super_block *sb)
 	return bpf_map_lookup_elem(&skip_fstypes, &name) != 0;
 }
 
-/* Mount id from what mount_id_* read, or -1 when its file system is
- * skipped: a remembered decision while the id and device still match. */
-static __always_inline int mount_id_of(__u32 id, __u32 dev, struct super_block *sb)
+/* Whether the file system under mount `id` is skipped: a remembered
+ * decision while the id and device still match. Hooks that see no mount
+ * pass the device as the id (a collision only costs one slow path). */
+static __always_inline bool skipped(__u32 id, __u32 dev, struct super_block *sb)
 {
 	__u64 seen = (__u64)dev << 32 | (id & 0x3fffffff) << 2 | MNT_SEEN;
 	__u64 *slot = &mnt_seen[id & (MNT_SLOTS - 1)];
 	bool skip;
 
 	if ((*slot & ~(__u64)MNT_SKIPPED) == seen)
-		return *slot & MNT_SKIPPED ? -1 : (int)id;
+		return *slot & MNT_SKIPPED;
 	skip = skip_sb(sb);
 	*slot = seen | (skip ? MNT_SKIPPED : 0);
-	return skip ? -1 : (int)id;
+	return skip;
+}
+
+/* Mount id from what mount_id_* read, or -1 when its file system is skipped. */
+static __always_inline int mount_id_of(__u32 id, __u32 dev, struct super_block *sb)
+{
+	return skipped(id, dev, sb) ? -1 : (int)id;
 }
 
 /* Id of the struct mount a vfsmount is embedded in: the one step that needs

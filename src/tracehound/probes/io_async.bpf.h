@@ -117,7 +117,10 @@ int BPF_PROG(tb_filemap_add, struct folio *folio)
 	struct io_stats *s;
 	struct io_key key = { .flags = IO_KEY_DEV };
 
-	if (!sb || skip_sb(sb))
+	if (!sb)
+		return 0;
+	key.mnt = BPF_CORE_READ(sb, s_dev);
+	if (skipped(key.mnt, key.mnt, sb))
 		return 0;
 	/* a page's flags word comes first in struct page and struct folio in
 	 * every kernel, whatever its C type */
@@ -129,7 +132,6 @@ int BPF_PROG(tb_filemap_add, struct folio *folio)
 			pages = BPF_CORE_READ(folio, _folio_nr_pages);
 	}
 	key.cgroup_id = cgroup_id_of(bpf_get_current_task_btf());
-	key.mnt = BPF_CORE_READ(sb, s_dev);
 	s = stats_of(&key);
 	if (s)
 		__sync_fetch_and_add(&s->cache_fill, pages * PAGE_SIZE);
