@@ -50,7 +50,8 @@ def io_series(agent, cgroup, mnt):
     m = agent.scrape()
 
     def get(name):
-        return series(m, f"tracehound_io_{name}_total", cgroup=cgroup, mountpoint=mnt)
+        suffix = "" if name.endswith(("_count", "_sum")) else "_total"
+        return series(m, f"tracehound_io_{name}{suffix}", cgroup=cgroup, mountpoint=mnt)
     return get
 
 
@@ -82,6 +83,23 @@ def test_async_engines_count_exact_bytes(agent, cgroup_root, cgroup, fs, engine)
     assert got("read_bytes") == SIZE
     assert got("read_requests") == SIZE // BS
     assert got("read_errors") == 0
+    if engine.startswith("io_uring"):
+        # every request timed from its submission to its completion
+        for op in ("read", "write"):
+            assert got(f"{op}_latency_seconds_count") == SIZE // BS, op
+
+
+def test_io_uring_latency_spans_submission_to_completion(agent, cgroup_root, cgroup, tmpfs):
+    """fio's own completion latency bounds what the kernel measured."""
+    job = fio(cgroup_root, cgroup, "--ioengine=io_uring", "--rw=write", f"--bs={BS}",
+              f"--size={SIZE}", f"--filename={tmpfs}/uring-latency")
+    m = agent.scrape()
+    lb = dict(cgroup=cgroup, mountpoint=tmpfs)
+    n = series(m, "tracehound_io_write_latency_seconds_count", **lb)
+    total = series(m, "tracehound_io_write_latency_seconds_sum", **lb)
+    assert n == SIZE // BS
+    # the kernel's span lies inside fio's (submission to reaping)
+    assert 0 < total / n <= job["write"]["lat_ns"]["mean"] / 1e9
 
 
 COPIES = ("copy_file_range", "sendfile", "splice")

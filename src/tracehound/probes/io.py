@@ -81,6 +81,10 @@ CLOCK_PROGRAMS = {"tp_sys_enter": HISTS, "fe_vfs_read": ("read",), "fe_vfs_readv
                   "fe_vfs_fsync_range": ("fsync",)}
 # moves a timed call's start off its CPU when its task is switched out
 CLOCK_MOVER = "tp_sched_switch"
+# start io_uring requests' clocks: the submit event's name since 6.5, and before
+URING_CLOCKS = (("tb_io_uring_submit_req", "io_uring_submit_req"),
+                ("tb_io_uring_submit_sqe", "io_uring_submit_sqe"))
+URING_COMPLETE = "tb_io_uring_complete"
 SETTINGS_MAP = ".rodata.settings"
 MOUNTS_SEEN_MAP = ".data.mounts"
 MOUNTS_SEEN_SLOTS = 4096
@@ -165,7 +169,7 @@ GROUPS = (
     _group("mkdir", ("vfs_mkdir",), ("mkdir", "mkdirat")),
     _group("rename", ("vfs_rename",), ("rename", "renameat", "renameat2")),
     # data moved past vfs_read/vfs_write: each counted once, where it completes
-    _trace_event_group("uring", "io_uring_complete", "tb_io_uring_complete"),
+    _trace_event_group("uring", "io_uring_complete", URING_COMPLETE),
     _syscall_group("aio", ("io_getevents", "io_pgetevents")),
     _syscall_group("copy", ("copy_file_range", "sendfile64", "splice")),
     _trace_event_group("pagecache", "mm_filemap_add_to_page_cache", "tb_filemap_add"),
@@ -194,6 +198,13 @@ def decode_values(raw: bytes) -> array.array:
 def timed_mask(latency: frozenset[str]) -> int:
     """settings.timed_ops: a bit per operation whose latency is measured."""
     return sum(1 << OPS.index(op) for op in latency)
+
+
+def uring_clock() -> tuple[str, ...]:
+    """The program that starts io_uring requests' clocks on this kernel (none
+    where neither submit event exists: the requests are counted untimed)."""
+    return next(((prog,) for prog, tp in URING_CLOCKS
+                 if features.btf_tracepoint_check(tp).ok), ())
 
 
 def object_name() -> str:
@@ -246,6 +257,8 @@ class IoProbe:
             wanted -= {n for n, ops in CLOCK_PROGRAMS.items() if not latency.intersection(ops)}
             if wanted & set(CLOCK_PROGRAMS):
                 wanted.add(CLOCK_MOVER)
+            if URING_COMPLETE in wanted and latency:
+                wanted.update(uring_clock())
             for name, prog in obj.programs.items():
                 prog.autoload = name in wanted
             for name in ("io_stats", "io_slots", "free_slots"):

@@ -2,7 +2,8 @@
  * mode. Included by io.bpf.c; shares its maps and helpers.
  *
  *   io_uring     counted at each request's completion (io_uring_complete),
- *                for the task that submitted it, bytes from the result
+ *                for the task that submitted it, bytes from the result,
+ *                latency from its submission
  *   Linux AIO    counted when the application reaps the completions
  *                (io_getevents, io_pgetevents), bytes from each io_event
  *   copies       copy_file_range, sendfile and splice: bytes read on the
@@ -74,13 +75,51 @@ static __always_inline int uring_op(__u8 opcode)
 	return -1;
 }
 
-/* The request is read through probe reads: the trace event passes it as an
- * untyped pointer. A completion may be posted by an io-wq worker, the
+/* When each timed request was submitted, by its address: a request that
+ * completes without having been seen submitted (it was in flight when the
+ * probe attached) is counted untimed. An LRU map, so requests whose
+ * completion is never traced cannot fill it. */
+struct {
+	__uint(type, BPF_MAP_TYPE_LRU_HASH);
+	__uint(max_entries, 16384);
+	__type(key, __u64);
+	__type(value, __u64);
+} uring_starts SEC(".maps");
+
+static __always_inline void uring_submitted(struct io_kiocb *req)
+{
+	__u64 key = (__u64)req, now;
+	int op = uring_op(BPF_CORE_READ(req, opcode));
+
+	if (op < 0 || !timed(op))
+		return;
+	now = bpf_ktime_get_ns();
+	bpf_map_update_elem(&uring_starts, &key, &now, BPF_ANY);
+}
+
+/* The submit event's name and first argument since 6.5, and before */
+SEC("tp_btf/io_uring_submit_req")
+int BPF_PROG(tb_io_uring_submit_req, struct io_kiocb *req)
+{
+	uring_submitted(req);
+	return 0;
+}
+
+SEC("tp_btf/io_uring_submit_sqe")
+int BPF_PROG(tb_io_uring_submit_sqe, struct io_kiocb *req)
+{
+	uring_submitted(req);
+	return 0;
+}
+
+/* The request is read through probe reads: the completion event passes it
+ * as an untyped pointer. A completion may be posted by an io-wq worker, the
  * SQPOLL thread or an interrupt's task work; the request's own task is the
  * submitter in every case. */
 static __always_inline void uring_done(struct io_kiocb *req)
 {
 	struct task_struct *task;
+	__u64 key = (__u64)req, delta = 0, *start;
 	int op, mnt;
 
 	if (!req)
@@ -88,6 +127,13 @@ static __always_inline void uring_done(struct io_kiocb *req)
 	op = uring_op(BPF_CORE_READ(req, opcode));
 	if (op < 0)
 		return;
+	if (timed(op)) {
+		start = bpf_map_lookup_elem(&uring_starts, &key);
+		if (start) {
+			delta = bpf_ktime_get_ns() - *start;
+			bpf_map_delete_elem(&uring_starts, &key);
+		}
+	}
 	if (bpf_core_field_exists(req->task))
 		task = BPF_CORE_READ(req, task);
 	else
@@ -96,7 +142,7 @@ static __always_inline void uring_done(struct io_kiocb *req)
 	if (mnt < 0 || !task)
 		return;
 	account_cg(BPF_CORE_READ(task, cgroups, dfl_cgrp, kn, id), mnt, 0, op,
-		   BPF_CORE_READ(req, cqe.res), 0);
+		   BPF_CORE_READ(req, cqe.res), delta);
 }
 
 SEC("tp_btf/io_uring_complete")
