@@ -12,7 +12,7 @@ def test_every_planned_program_exists_and_nothing_is_orphaned(name):
     with BpfObject(object_path(name)) as obj:
         names = set(obj.programs)
     # attached with any timed call in syscall or fentry mode
-    planned = {io.CLOCK_MOVER, *(prog for prog, _tp in io.URING_CLOCKS)}
+    planned = {io.CLOCK_MOVER}
     for group in io.GROUPS:
         # a group hooked by its own trace events whatever the mode has one mode
         for mode in (dict(group.modes) if group.any_mode else features.MODES):

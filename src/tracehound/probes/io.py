@@ -82,9 +82,9 @@ CLOCK_PROGRAMS = {"tp_sys_enter": HISTS, "fe_vfs_read": ("read",), "fe_vfs_readv
 # moves a timed call's start off its CPU when its task is switched out
 CLOCK_MOVER = "tp_sched_switch"
 # start io_uring requests' clocks: the submit event's name since 6.5, and before
-URING_CLOCKS = (("tb_io_uring_submit_req", "io_uring_submit_req"),
-                ("tb_io_uring_submit_sqe", "io_uring_submit_sqe"))
-URING_COMPLETE = "tb_io_uring_complete"
+URING_CLOCKS = (("rt_io_uring_submit_req", "io_uring_submit_req"),
+                ("rt_io_uring_submit_sqe", "io_uring_submit_sqe"))
+URING_COMPLETE = "rt_io_uring_complete"
 SETTINGS_MAP = ".rodata.settings"
 MOUNTS_SEEN_MAP = ".data.mounts"
 MOUNTS_SEEN_SLOTS = 4096
@@ -149,12 +149,16 @@ def _syscall_group(name: str, syscalls: tuple[str, ...]) -> HookGroup:
                      optional=True)
 
 
-def _trace_event_group(name: str, tracepoint: str, program: str) -> HookGroup:
-    """Counted where the kernel completes the work, through one BTF trace
-    event, whichever mode the rest of the probe runs in."""
-    hook = HookMode((program,), (features.tp_btf_check,
-                                 lambda: features.btf_tracepoint_check(tracepoint)),
-                    f"tp_btf/{tracepoint}")
+def _trace_event_group(name: str, tracepoint: str, program: str,
+                       clocks: tuple[str, ...] = ()) -> HookGroup:
+    """Counted where the kernel completes the work, through one trace event
+    (tp_btf, or raw_tp for the rt_ programs), whichever mode the rest of the
+    probe runs in. `clocks`: programs that time the work, of which the loader
+    keeps what the kernel has."""
+    kind = "raw_tp" if program.startswith("rt_") else "tp_btf"
+    hook = HookMode((program, *clocks), (features.tp_btf_check,
+                                         lambda: features.btf_tracepoint_check(tracepoint)),
+                    f"{kind}/{tracepoint}")
     return HookGroup(name, (("tracepoint", hook),), optional=True, any_mode=True)
 
 
@@ -169,7 +173,8 @@ GROUPS = (
     _group("mkdir", ("vfs_mkdir",), ("mkdir", "mkdirat")),
     _group("rename", ("vfs_rename",), ("rename", "renameat", "renameat2")),
     # data moved past vfs_read/vfs_write: each counted once, where it completes
-    _trace_event_group("uring", "io_uring_complete", URING_COMPLETE),
+    _trace_event_group("uring", "io_uring_complete", URING_COMPLETE,
+                       tuple(prog for prog, _tp in URING_CLOCKS)),
     _syscall_group("aio", ("io_getevents", "io_pgetevents")),
     _syscall_group("copy", ("copy_file_range", "sendfile64", "splice")),
     _trace_event_group("pagecache", "mm_filemap_add_to_page_cache", "tb_filemap_add"),
@@ -257,8 +262,9 @@ class IoProbe:
             wanted -= {n for n, ops in CLOCK_PROGRAMS.items() if not latency.intersection(ops)}
             if wanted & set(CLOCK_PROGRAMS):
                 wanted.add(CLOCK_MOVER)
-            if URING_COMPLETE in wanted and latency:
-                wanted.update(uring_clock())
+            # the uring group lists every submit program; keep the one this
+            # kernel has, and none when nothing is timed
+            wanted -= {prog for prog, _tp in URING_CLOCKS} - set(uring_clock() if latency else ())
             for name, prog in obj.programs.items():
                 prog.autoload = name in wanted
             for name in ("io_stats", "io_slots", "free_slots"):

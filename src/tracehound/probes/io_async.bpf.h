@@ -75,78 +75,129 @@ static __always_inline int uring_op(__u8 opcode)
 	return -1;
 }
 
-/* When each timed request was submitted, by its address: a request that
- * completes without having been seen submitted (it was in flight when the
- * probe attached) is counted untimed. An LRU map, so requests whose
- * completion is never traced cannot fill it. */
-struct {
-	__uint(type, BPF_MAP_TYPE_LRU_HASH);
-	__uint(max_entries, 16384);
-	__type(key, __u64);
-	__type(value, __u64);
-} uring_starts SEC(".maps");
+/* When each timed request was submitted, in a slot picked by its address:
+ * one 64-bit word holding 24 more bits of the address (to tell requests
+ * sharing a slot apart) and the low 40 bits of the submission time in ns
+ * (latencies up to 18 minutes), so a reader on another CPU never sees half
+ * an entry and no helper call is made. A request whose slot another one
+ * took meanwhile, or that was in flight when the probe attached, is
+ * counted untimed. */
+#define URING_SLOTS 16384
+#define URING_TS_BITS 40
+#define URING_TS_MASK ((1ULL << URING_TS_BITS) - 1)
+__u64 uring_starts[URING_SLOTS];
 
-static __always_inline void uring_submitted(struct io_kiocb *req)
+static __always_inline __u64 *uring_slot(__u64 req, __u64 *tag)
 {
-	__u64 key = (__u64)req, now;
-	int op = uring_op(BPF_CORE_READ(req, opcode));
+	*tag = (req >> 22) & 0xffffff;
+	return &uring_starts[(req >> 8) & (URING_SLOTS - 1)];
+}
+
+/* The request's fields. Both events pass it untyped on some kernels, so it
+ * is viewed through bpf_rdonly_cast (plain loads) where the kernel has it,
+ * and read with probe reads where it does not. */
+#ifdef IO_PROBE_READS
+#define REQ_OPCODE(req) BPF_CORE_READ((struct io_kiocb *)(req), opcode)
+#else
+#define REQ_OPCODE(req) VIEW(struct io_kiocb, req)->opcode
+#endif
+
+static __always_inline void uring_submitted(void *req)
+{
+	int op = uring_op(REQ_OPCODE(req));
+	__u64 tag, *slot;
 
 	if (op < 0 || !timed(op))
 		return;
-	now = bpf_ktime_get_ns();
-	bpf_map_update_elem(&uring_starts, &key, &now, BPF_ANY);
+	slot = uring_slot((__u64)req, &tag);
+	*slot = tag << URING_TS_BITS | (bpf_ktime_get_ns() & URING_TS_MASK);
 }
 
-/* The submit event's name and first argument since 6.5, and before */
-SEC("tp_btf/io_uring_submit_req")
-int BPF_PROG(tb_io_uring_submit_req, struct io_kiocb *req)
+/* The submit event's name since 6.5, and before; the request comes first.
+ * Raw tracepoints: their arguments are plain numbers, so the request's
+ * address can pick a slot (a BTF-typed pointer allows no such arithmetic). */
+SEC("raw_tp/io_uring_submit_req")
+int BPF_PROG(rt_io_uring_submit_req, void *req)
 {
 	uring_submitted(req);
 	return 0;
 }
 
-SEC("tp_btf/io_uring_submit_sqe")
-int BPF_PROG(tb_io_uring_submit_sqe, struct io_kiocb *req)
+SEC("raw_tp/io_uring_submit_sqe")
+int BPF_PROG(rt_io_uring_submit_sqe, void *req)
 {
 	uring_submitted(req);
 	return 0;
 }
 
-/* The request is read through probe reads: the completion event passes it
- * as an untyped pointer. A completion may be posted by an io-wq worker, the
- * SQPOLL thread or an interrupt's task work; the request's own task is the
- * submitter in every case. */
-static __always_inline void uring_done(struct io_kiocb *req)
+/* The cgroup of the request's submitter: usually the current task, which
+ * runs its own completions as task work; an io-wq worker, the SQPOLL thread
+ * or another task may post them too. */
+static __always_inline __u64 submitter_cgroup(struct task_struct *task)
+{
+	struct task_struct *current = bpf_get_current_task_btf();
+
+	if ((__u64)task == (__u64)current)
+		return cgroup_id_of(current);
+#ifdef IO_PROBE_READS
+	return BPF_CORE_READ(task, cgroups, dfl_cgrp, kn, id);
+#else
+	return VIEW(struct task_struct, task)->cgroups->dfl_cgrp->kn->id;
+#endif
+}
+
+static __always_inline void uring_done(void *ptr)
 {
 	struct task_struct *task;
-	__u64 key = (__u64)req, delta = 0, *start;
+	struct io_kiocb *req;
+	struct file *file;
+	__u64 delta = 0, tag, seen, *slot;
+	long res;
 	int op, mnt;
 
-	if (!req)
+	if (!ptr)
 		return;           /* an auxiliary completion, no request behind it */
+#ifdef IO_PROBE_READS
+	req = ptr;
 	op = uring_op(BPF_CORE_READ(req, opcode));
 	if (op < 0)
 		return;
-	if (timed(op)) {
-		start = bpf_map_lookup_elem(&uring_starts, &key);
-		if (start) {
-			delta = bpf_ktime_get_ns() - *start;
-			bpf_map_delete_elem(&uring_starts, &key);
-		}
-	}
 	if (bpf_core_field_exists(req->task))
 		task = BPF_CORE_READ(req, task);
 	else
 		task = BPF_CORE_READ(req, tctx, task);
-	mnt = mount_id(BPF_CORE_READ(req, file, f_path.mnt));
-	if (mnt < 0 || !task)
+	file = BPF_CORE_READ(req, file);
+	res = BPF_CORE_READ(req, cqe.res);
+#else
+	req = VIEW(struct io_kiocb, ptr);
+	op = uring_op(req->opcode);
+	if (op < 0)
 		return;
-	account_cg(BPF_CORE_READ(task, cgroups, dfl_cgrp, kn, id), mnt, 0, op,
-		   BPF_CORE_READ(req, cqe.res), delta);
+	if (bpf_core_field_exists(req->task))
+		task = req->task;
+	else
+		task = req->tctx->task;
+	file = req->file;
+	res = req->cqe.res;
+#endif
+	if (!task || !file)
+		return;
+	mnt = mount_id(file_vfsmount(file));
+	if (mnt < 0)
+		return;
+	if (timed(op)) {
+		slot = uring_slot((__u64)ptr, &tag);
+		seen = *slot;
+		if (seen && seen >> URING_TS_BITS == tag) {
+			delta = (bpf_ktime_get_ns() - seen) & URING_TS_MASK;
+			*slot = 0;
+		}
+	}
+	account_cg(submitter_cgroup(task), mnt, 0, op, res, delta);
 }
 
-SEC("tp_btf/io_uring_complete")
-int BPF_PROG(tb_io_uring_complete, void *ring, void *req)
+SEC("raw_tp/io_uring_complete")
+int BPF_PROG(rt_io_uring_complete, void *ring, void *req)
 {
 	uring_done(req);
 	return 0;
@@ -157,25 +208,29 @@ int BPF_PROG(tb_io_uring_complete, void *ring, void *req)
 SEC("tp_btf/mm_filemap_add_to_page_cache")
 int BPF_PROG(tb_filemap_add, struct folio *folio)
 {
-	struct super_block *sb = BPF_CORE_READ(folio, mapping, host, i_sb);
-	unsigned long flags = 0;
+	struct address_space *mapping = folio->mapping;
+	struct super_block *sb;
+	unsigned long flags;
 	__u64 pages = 1;
 	struct io_stats *s;
 	struct io_key key = { .flags = IO_KEY_DEV };
 
+	if (!mapping)
+		return 0;
+	sb = mapping->host->i_sb;
 	if (!sb)
 		return 0;
-	key.mnt = BPF_CORE_READ(sb, s_dev);
+	key.mnt = sb->s_dev;
 	if (skipped(key.mnt, key.mnt, sb))
 		return 0;
 	/* a page's flags word comes first in struct page and struct folio in
-	 * every kernel, whatever its C type */
-	bpf_probe_read_kernel(&flags, sizeof(flags), folio);
+	 * every kernel, whatever its C type (memdesc_flags_t since 6.18) */
+	flags = *(unsigned long *)folio;
 	if (flags & (1UL << bpf_core_enum_value(enum pageflags, PG_head))) {
 		if (bpf_core_field_exists(folio->_nr_pages))
-			pages = BPF_CORE_READ(folio, _nr_pages);
+			pages = folio->_nr_pages;
 		else if (bpf_core_field_exists(folio->_folio_nr_pages))
-			pages = BPF_CORE_READ(folio, _folio_nr_pages);
+			pages = folio->_folio_nr_pages;
 	}
 	key.cgroup_id = cgroup_id_of(bpf_get_current_task_btf());
 	s = stats_of(&key);
