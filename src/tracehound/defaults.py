@@ -40,6 +40,13 @@ CONTAINER_LOGS_DIR = "/var/log/containers"
 # how often each subsystem's detector looks, independent of scrapes
 RDMA_DETECT_INTERVAL_S = 0.25
 GPU_DETECT_INTERVAL_S = 5.0
+# how often GPU health changes become events (the inputs arrive on their own)
+GPU_HEALTH_INTERVAL_S = 1.0
+# how long a fatal-severity XID keeps tracehound_gpu_health{condition="recent_fatal_xid"} at 1
+GPU_FATAL_XID_WINDOW_S = 600.0
+
+# what the agent keeps across restarts (the kernel log position)
+STATE_DIR = "/var/lib/tracehound"
 
 # cgroup directories the pressure collector reads per scrape
 PRESSURE_MAX_CGROUPS = 4096

@@ -38,6 +38,7 @@ from prometheus_client.core import (
 from ..gpu import nvml as nv
 from ..gpu.device import Gpu, GpuSample, enumerate_gpus, read_sample, running_processes
 from ..gpu.events import EventWatcher
+from ..gpu.health import gpu_key
 from ..host.topology import Topology
 
 log = logging.getLogger(__name__)
@@ -62,11 +63,14 @@ class GpuCollector:
     def __init__(self, nvml, gpus: list[Gpu], lost_at_start: list[Gpu] = (), *,
                  workload_labels: WorkloadLabels | None = None, topology: Topology | None = None,
                  detector=None, driver_version: str = "",
-                 event_wait_ms: int = 500):
+                 event_wait_ms: int = 500, xid_sink=None):
         self.nvml = nvml
         self.topology = topology or Topology()
         self.workload_labels = workload_labels or cgroup_workload_labels(self.topology)
         self.detector = detector      # a detect.gpu.GpuDetector, fed XIDs as they come
+        # xid_sink(gpu, xid, processes): when set, XIDs go there to be merged
+        # with the kernel log's (detect/gpu_kmsg.py), which counts and exports them
+        self.xid_sink = xid_sink
         self.driver_version = driver_version
         self.gpus = sorted([*gpus, *lost_at_start], key=lambda g: g.index)
         self._by_index = {g.index: g for g in self.gpus}
@@ -106,7 +110,8 @@ class GpuCollector:
         index = gpu.index if gpu else None
         with self._lock:
             if label == "xid":
-                self._xids[(index, data)] = self._xids.get((index, data), 0) + 1
+                if self.xid_sink is None:
+                    self._xids[(index, data)] = self._xids.get((index, data), 0) + 1
             else:
                 self._events[(index, label)] = self._events.get((index, label), 0) + 1
         if label == "xid":
@@ -116,7 +121,9 @@ class GpuCollector:
                     procs = self._process_records(running_processes(self.nvml, gpu.handle), {})
                 except nv.GpuLost:
                     pass
-            if self.detector is not None:
+            if self.xid_sink is not None:
+                self.xid_sink(gpu, data, procs)
+            elif self.detector is not None:
                 self.detector.xid(gpu.labels if gpu else UNKNOWN_GPU, data, procs)
 
     # -- workload attribution ------------------------------------------------
@@ -177,7 +184,7 @@ class GpuCollector:
             for gpu in self.gpus:
                 s = samples.get(gpu.index)
                 if s is None:
-                    out.append({"labels": gpu.labels, "lost": True})
+                    out.append({"labels": gpu.labels, "lost": True, "key": gpu_key(gpu)})
                     continue
                 active = {label for label, bit in self._reasons
                           if s.clock_reasons is not None and s.clock_reasons & bit}
@@ -185,6 +192,8 @@ class GpuCollector:
                             "utilization": s.utilization.get("gpu"),
                             "uncorrected_ecc": s.uncorrected_ecc(),
                             "row_remap_failure": s.row_remap_failure, "clock_reasons": active,
+                            "key": gpu_key(gpu), "ecc_pending": _pending(s),
+                            "nvlink_up": getattr(s, "nvlink_up", None),
                             "processes": self._process_records(s.processes, wl_cache),
                             "misplaced": misplaced.get(gpu.index, {})})
         return out
@@ -228,7 +237,7 @@ class GpuCollector:
             xid.add_metric([*self._gpu_lv(index), str(number)], n)
         for (index, label), n in sorted(events.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
             ev.add_metric([*self._gpu_lv(index), label], n)
-        return [xid, ev]
+        return [ev] if self.xid_sink is not None else [xid, ev]
 
     def _process_rows(self, samples, wl_cache):
         """Rows (gpu, pid, used bytes, workload labels, misplaced or None),
@@ -273,6 +282,11 @@ def _process_families(rows):
         if verdict is not None:
             mis.add_metric(lv, int(verdict))
     return [info, used_fam, mis]
+
+
+def _pending(s: GpuSample) -> int | None:
+    """A row remap (Ampere and later) or page retirement waiting for a reset."""
+    return s.row_remap_pending if s.row_remap_pending is not None else s.retired_pages_pending
 
 
 def _lv(gpu: Gpu) -> list[str]:
@@ -364,7 +378,7 @@ def _discover(nvml, topo: Topology):
 
 def open_gpu_collector(workload_labels: WorkloadLabels | None = None, *, nvml=None,
                        root: str = "/", start: bool = True, event_wait_ms: int = 500,
-                       detector=None):
+                       detector=None, xid_sink=None):
     """(GpuCollector, one-line summary) or (None, one-line reason it cannot run).
 
     start=True starts the event thread; the caller owns close().
@@ -378,7 +392,8 @@ def open_gpu_collector(workload_labels: WorkloadLabels | None = None, *, nvml=No
         nv.shutdown(nvml)
         return None, "no NVIDIA GPU found"
     col = GpuCollector(nvml, gpus, lost, workload_labels=workload_labels, topology=topo,
-                       detector=detector, driver_version=driver, event_wait_ms=event_wait_ms)
+                       detector=detector, driver_version=driver, event_wait_ms=event_wait_ms,
+                       xid_sink=xid_sink)
     if start:
         col.start()
     summary = f"{len(gpus) + len(lost)} GPU(s), driver {driver or 'unknown'}"

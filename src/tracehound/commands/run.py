@@ -165,6 +165,15 @@ def add_parser(sub, hook) -> None:
                      help="also watch for stalls the cgroups whose v2 path matches this regular "
                           "expression (whole path, e.g. '/batch/.*'); systemd units are not "
                           "watched unless named here")
+    run.add_argument("--state-dir", default=defaults.STATE_DIR, metavar="DIR",
+                     help="where the agent keeps what outlives a restart: the kernel log "
+                          "position, so each GPU error line is counted once "
+                          f"(default {defaults.STATE_DIR})")
+    run.add_argument("--gpu-fatal-xid-window", type=_seconds(0, MAX_GRACE_S),
+                     default=defaults.GPU_FATAL_XID_WINDOW_S, metavar="SECONDS",
+                     help="how long a fatal XID keeps tracehound_gpu_health"
+                          "{condition=\"recent_fatal_xid\"} at 1 "
+                          f"(default {defaults.GPU_FATAL_XID_WINDOW_S:g})")
     run.set_defaults(handler=_run, takes_signals=True)
 
 
@@ -188,4 +197,6 @@ def _run(args) -> int:
                            pressure_max_cgroups=args.pressure_max_cgroups,
                            net_max_sockets=args.net_max_sockets,
                            net_max_cgroups=args.net_max_cgroups,
-                           net_all_netns=args.net_all_netns), stop=stop)
+                           net_all_netns=args.net_all_netns,
+                           state_dir=args.state_dir,
+                           gpu_fatal_xid_window_s=args.gpu_fatal_xid_window), stop=stop)

@@ -18,6 +18,8 @@ from . import log_event, now_iso
 
 KINDS = ("xid", "ecc_uncorrectable", "row_remap_failure", "thermal_slowdown",
          "power_slowdown", "hw_slowdown", "gpu_lost", "numa_misplaced")
+# reported by the kernel log only (detect/gpu_kmsg.py); not pre-seeded per GPU
+KERNEL_KINDS = ("sxid", "fallen_off_bus", "init_failed")
 
 # Clock-event reason -> anomaly kind. sw_power_cap is left out on purpose: a
 # training GPU at full load sits at its power cap, which is normal operation.
@@ -65,10 +67,15 @@ class GpuDetector:
             event["processes"] = list(processes)
         self.emit(event)
 
-    def xid(self, labels: Labels, xid: int, processes: list[Process] = ()) -> None:
+    def xid(self, labels: Labels, xid: int, processes: list[Process] = (), **detail) -> None:
         """Every XID event is news: the driver reports each occurrence once."""
         with self._lock:
-            self._fire(labels, "xid", processes, xid=xid)
+            self._fire(labels, "xid", processes, xid=xid, **detail)
+
+    def kernel(self, labels: Labels, kind: str, processes: list[Process] = (), **detail) -> None:
+        """A kernel-log report of one of KERNEL_KINDS: each line is news."""
+        with self._lock:
+            self._fire(labels, kind, processes, **detail)
 
     def gpu_lost(self, labels: Labels, lost: bool) -> None:
         key = self._key(labels)

@@ -1,6 +1,9 @@
-"""GPU health: NVML samples and events, with their detector.
+"""GPU health: NVML samples and events, the kernel log's GPU errors, with
+their detectors.
 
-Optional: no driver, no GPU or no nvidia-ml-py is reported, not fatal."""
+Optional: no driver, no GPU or no nvidia-ml-py is reported, not fatal. The
+kernel log is read whatever NVML says (a broken driver is when it matters
+most); an unreadable /dev/kmsg is reported, not fatal either."""
 from __future__ import annotations
 
 import os
@@ -8,7 +11,11 @@ import time
 
 from ..attribution.procs import cgroup_v2_path
 from ..collectors.gpu import GpuCollector, gpu_inventory, open_gpu_collector
+from ..collectors.gpu_kmsg import GpuKernelLogCollector
 from ..detect.gpu import GpuDetector, GpuWatcher
+from ..detect.gpu_kmsg import GpuKernelLog
+from ..gpu.kmsg import DEFAULT_PATH as KMSG_PATH
+from ..gpu.kmsg import KmsgWatcher
 from .base import DoctorReport, Subsystem, check_line
 
 
@@ -53,13 +60,22 @@ class GpuSubsystem(Subsystem):
         self._watcher: GpuWatcher | None = None
         self.summary = ""
         self.busy = GpuBusy()
+        config = ctx.config
+        self.kmsg = GpuKernelLog(self.detector, workload_labels=ctx.owners.of_pid,
+                                 fatal_window_s=config.gpu_fatal_xid_window_s)
+        self.kmsg_state = os.path.join(config.state_dir, "kmsg-seq")
+        self._kmsg_watcher: KmsgWatcher | None = None
 
     def start(self) -> None:
         self.collector, self.summary = open_gpu_collector(
-            workload_labels=self.ctx.owners.of_pid, detector=self.detector)
+            workload_labels=self.ctx.owners.of_pid, detector=self.detector,
+            xid_sink=self.kmsg.nvml_xid, start=False)
         if self.collector is not None:
-            self._watcher = GpuWatcher(lambda: self.busy.observe(self.collector.observations()),
-                                       self.detector)
+            # identities first: an XID must find its GPU from the first event
+            self.kmsg.set_gpus(self.collector.gpus)
+            self.collector.start()
+            self._watcher = GpuWatcher(lambda: self.kmsg.observe(
+                self.busy.observe(self.collector.observations())), self.detector)
             self.ctx.progress.add(self.name, lambda: self._per_cgroup(self.busy.seconds))
             self.ctx.progress.add_blind(self.name, lambda: self._per_cgroup(
                 dict.fromkeys(self.busy.unmeasured, 0.0)))
@@ -77,19 +93,31 @@ class GpuSubsystem(Subsystem):
             out[cgid] = out.get(cgid, 0.0) + value
         return out
 
+        # after NVML: the replay of the ring maps bus ids to enumerated GPUs
+        self._kmsg_watcher = KmsgWatcher(KMSG_PATH, self.kmsg_state,
+                                         on_event=self.kmsg.kernel_event).start()
+
     def close(self) -> None:
         self.ctx.progress.remove(self.name)
+        if self._kmsg_watcher is not None:
+            self._kmsg_watcher.stop()       # saves the position for the next start
         if self.collector is not None:
             self.collector.close()
 
     def collectors(self) -> list:
-        return [self.collector, self.detector] if self.collector is not None else []
+        kmsg = GpuKernelLogCollector(self.kmsg, self._kmsg_watcher)
+        return [c for c in (self.collector, self.detector, kmsg) if c is not None]
 
     def detectors(self) -> list:
-        return [self._watcher] if self._watcher is not None else []
+        return [d for d in (self._watcher, self.kmsg) if d is not None]
 
     def status_lines(self) -> list[str]:
-        return [f"gpu: {self.summary}"]
+        w = self._kmsg_watcher
+        if w is not None and w.error:
+            kmsg = f"not available ({w.error})"
+        else:
+            kmsg = f"reading {KMSG_PATH}, position kept in {self.kmsg_state}"
+        return [f"gpu: {self.summary}", f"gpu kernel log: {kmsg}"]
 
     @classmethod
     def doctor(cls, hook_mode: str, nvml=None) -> DoctorReport:
@@ -102,4 +130,12 @@ class GpuSubsystem(Subsystem):
             detail = "not answering (GPU lost)" if g["lost"] else f"{g['model']}  {g['uuid']}"
             lines.append(check_line(not g["lost"], f"gpu {g['index']}",
                                     f"{detail}  driver {g['driver_version']}"))
+        try:
+            os.close(os.open(KMSG_PATH, os.O_RDONLY | os.O_NONBLOCK))
+            lines.append(check_line(True, "kernel log", f"{KMSG_PATH} readable (XID, SXid, "
+                                                        "fallen off the bus)"))
+        except OSError as exc:
+            lines.append(check_line(False, "kernel log", f"cannot read {KMSG_PATH}: "
+                                    f"{exc.strerror} (GPU errors from the kernel log off)",
+                                    mark="--"))
         return DoctorReport(lines)

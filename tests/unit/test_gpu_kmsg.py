@@ -1,0 +1,528 @@
+"""Kernel-log GPU errors: the record and driver-line parsers on real-world
+shaped input, and the watcher against a fake ring that behaves like
+/dev/kmsg (oldest record first after open, EPIPE once overtaken)."""
+import json
+import logging
+import os
+import random
+import threading
+import time
+
+import pytest
+
+from tracehound.gpu import kmsg
+from tracehound.gpu.kmsg import (
+    MALFORMED,
+    KmsgWatcher,
+    normalize_pci,
+    parse_gpu_line,
+    parse_record,
+)
+
+# -- records ------------------------------------------------------------------
+
+
+def test_record_fields_and_continuation_lines():
+    rec = parse_record(b"4,1956,59018355738,-;NVRM: Xid (PCI:0000:3b:00): 79, x\n"
+                       b" SUBSYSTEM=pci\n DEVICE=+pci:0000:3b:00.0\n")
+    assert (rec.seq, rec.usec, rec.level, rec.facility) == (1956, 59018355738, 4, 0)
+    assert rec.message == "NVRM: Xid (PCI:0000:3b:00): 79, x"
+    assert dict(rec.fields) == {"SUBSYSTEM": "pci", "DEVICE": "+pci:0000:3b:00.0"}
+    assert not rec.fragment
+
+
+def test_record_unescapes_what_the_kernel_escaped():
+    # as read back after writing "NVRM: one\nNVRM: two\x41 <0xff 0xfe> end"
+    rec = parse_record(b"12,7,1,-;NVRM: one\\x0aNVRM: two\\x5cx41 \\xff\\xfe end\n")
+    assert rec.facility == 1 and rec.level == 4
+    assert rec.message.startswith("NVRM: one\nNVRM: two\\x41 ")
+    assert "\ufffd" in rec.message     # not UTF-8: replaced, never raised
+
+
+def test_record_with_raw_non_utf8_bytes_and_extra_header_fields():
+    rec = parse_record(b"6,12,345,c,caller=T42;caf\xe9 \xff\n")
+    assert rec.seq == 12 and rec.fragment
+    assert rec.message.startswith("caf")
+
+
+@pytest.mark.parametrize("raw", [b"", b"no header", b"6,12;x", b"a,b,c,-;x", b"6,-3,1,-;x",
+                                 b";", b"\xff\xfe;\n"])
+def test_garbage_records_are_refused(raw):
+    assert parse_record(raw) is None
+
+
+def test_random_bytes_never_raise():
+    rnd = random.Random(7)
+    for _ in range(3000):
+        raw = bytes(rnd.randrange(256) for _ in range(rnd.randrange(60)))
+        if rnd.random() < 0.5:
+            raw = b"4,%d,1,-;NVRM: Xid (" % rnd.randrange(99) + raw
+        rec = parse_record(raw)
+        parse_gpu_line(raw.decode("utf-8", "replace"))
+        if rec is not None:
+            parse_gpu_line(rec.message)
+
+
+# -- driver lines --------------------------------------------------------------
+
+@pytest.mark.parametrize("line,want", [
+    ("NVRM: Xid (PCI:0000:3b:00): 79, pid=1234, name=python, GPU has fallen off the bus.",
+     dict(pci="0000:3b:00.0", number=79, pid=1234, process="python",
+          detail="GPU has fallen off the bus.")),
+    ("NVRM: Xid (PCI:0000:3b:00): 13, Graphics Exception: ESR 0x405840=0x0",
+     dict(pci="0000:3b:00.0", number=13, pid=None, process=None,
+          detail="Graphics Exception: ESR 0x405840=0x0")),
+    ("NVRM: Xid (PCI:0000:01:00): 48, pid='<unknown>', name=<unknown>, An uncorrectable "
+     "double bit error (DBE) has been detected on GPU in the framebuffer at partition 2",
+     dict(pci="0000:01:00.0", number=48, pid=None, process=None)),
+    ("NVRM: Xid (PCI:0000:10:1c): 63, pid=1896, Row Remapper: New row marked for remapping, "
+     "reset gpu to activate.",
+     dict(pci="0000:10:1c.0", number=63, pid=1896, process=None,
+          detail="Row Remapper: New row marked for remapping, reset gpu to activate.")),
+    ("NVRM: Xid (PCI:0000:01:00 GPU-I:05): 94, pid=7194, Contained: CE User Channel (0x9). "
+     "RST: No, D-RST: No",
+     dict(pci="0000:01:00.0", number=94, pid=7194, gpu_instance=5)),
+    ("NVRM: Xid (0000:01:00): 31, Ch 0000000b, engmask 00000120, intr 10000000",
+     dict(pci="0000:01:00.0", number=31, detail="Ch 0000000b, engmask 00000120, intr 10000000")),
+    ("NVRM: Xid (PCI:00000000:3B:00.0): 119, pid=77, name=pt_main_thread, Timeout waiting "
+     "for RPC from GSP!",
+     dict(pci="0000:3b:00.0", number=119, pid=77, process="pt_main_thread")),
+    ("[ 1843.308145] NVRM: Xid (PCI:0000:b3:00): 74, pid=1, name=nccl worker, NVLink: fatal",
+     dict(pci="0000:b3:00.0", number=74, process="nccl worker", detail="NVLink: fatal")),
+    ("NVRM: Xid (PCI:0000:3b:00): 154", dict(number=154, detail="")),
+])
+def test_xid_lines(line, want):
+    ev = parse_gpu_line(line)
+    assert ev.kind == "xid"
+    assert ev.message.endswith(line.split("] ")[-1])
+    for key, value in want.items():
+        assert getattr(ev, key) == value, key
+
+
+def test_sxid_lines():
+    ev = parse_gpu_line("nvidia-nvswitch3: SXid (PCI:0000:c7:00.0): 12028, Non-fatal, "
+                        "Link 32 egress non-posted PRIV error (First)")
+    assert (ev.kind, ev.device, ev.pci, ev.number, ev.fatal) == \
+        ("sxid", "nvidia-nvswitch3", "0000:c7:00.0", 12028, False)
+    assert ev.detail == "Link 32 egress non-posted PRIV error (First)"
+    ev = parse_gpu_line("nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 01004, Fatal, Link 28 "
+                        "ingress invalid command")
+    assert (ev.number, ev.fatal, ev.pid) == (1004, True, None)
+
+
+@pytest.mark.parametrize("line", [
+    # the second and third lines of one SXid report: not another error
+    "nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 12033, Severity 1 Engine instance 00 "
+    "Sub-engine instance 00",
+    "nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 12033, Data {0x00000000, 0x00000000}",
+])
+def test_sxid_follow_up_lines_are_not_events(line):
+    assert parse_gpu_line(line) is None
+
+
+def test_fallen_off_the_bus_printed_as_one_record_of_three_lines():
+    raw = (b"3,2001,1843308145,-;NVRM: The NVIDIA GPU 0000:b3:00.0\\x0aNVRM: (PCI ID: "
+           b"10de:26b5) installed in this system has\\x0aNVRM: fallen off the bus and is "
+           b"not responding to commands.\n")
+    ev = parse_gpu_line(parse_record(raw).message)
+    assert (ev.kind, ev.pci, ev.number) == ("fallen_off_bus", "0000:b3:00.0", None)
+    assert "\n" not in ev.message and "10de:26b5" in ev.detail
+
+
+@pytest.mark.parametrize("line,pci", [
+    ("NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.", "0000:3b:00.0"),
+    ("NVRM: The NVIDIA GPU 0000:3B:00.0 (PCI ID: 10de:20b0) installed in this system has "
+     "fallen off the bus and is not responding to commands.", "0000:3b:00.0"),
+    ("NVRM: GPU has fallen off the bus.", None),
+])
+def test_fallen_off_the_bus_without_xid(line, pci):
+    ev = parse_gpu_line(line)
+    assert (ev.kind, ev.pci) == ("fallen_off_bus", pci)
+
+
+@pytest.mark.parametrize("line,pci,device", [
+    ("NVRM: RmInitAdapter failed! (0x22:0x56:742)", None, None),
+    ("NVRM: GPU 0000:3b:00.0: RmInitAdapter failed! (0x25:0x65:1457)", "0000:3b:00.0", None),
+    ("NVRM: rm_init_adapter failed, device minor number 0", None, "nvidia0"),
+    ("NVRM: rm_init_adapter failed, device minor number 7", None, "nvidia7"),
+])
+def test_adapter_init_failures(line, pci, device):
+    ev = parse_gpu_line(line)
+    assert (ev.kind, ev.pci, ev.device) == ("init_failed", pci, device)
+    assert "failed" in ev.detail
+
+
+@pytest.mark.parametrize("line", [
+    "NVRM: Xid (PCI:0000:3b:00): garbled",
+    "NVRM: Xid",
+    "NVRM: Xid (PCI:0000:3b:00) 79, missing colon",
+    "NVRM: Xid (PCI:0000:3b:00): 79 no comma after the number",
+    "nvidia-nvswitch3: SXid (PCI:0000:c1:00.0): garbled, Fatal",
+    "SXid",
+])
+def test_malformed_xid_lines_are_marked(line):
+    assert parse_gpu_line(line).kind == MALFORMED
+
+
+@pytest.mark.parametrize("line", [
+    "NVRM: loading NVIDIA UNIX x86_64 Kernel Module  535.161.08",
+    "NVRM: GPU at PCI:0000:3b:00: GPU-8a1c6a4c-62fc-2b41-6c2b-3b8a1d4b3c2e",
+    "NVRM: GPU Board Serial Number: 1650522003345",
+    "EXT4-fs (sda1): mounted filesystem with ordered data mode",
+    "audit: look for Xid (PCI:0000:3b:00): 79 in the journal",
+    "nvidia 0000:3b:00.0: enabling device (0000 -> 0003)",
+    "",
+])
+def test_unrelated_lines_are_ignored(line):
+    assert parse_gpu_line(line) is None
+
+
+@pytest.mark.parametrize("parts,want", [
+    (("0000", "3b", "00", None), "0000:3b:00.0"),
+    (("00000000", "3B", "00", "0"), "0000:3b:00.0"),
+    ((None, "01", "00", None), "0000:01:00.0"),
+    (("10000", "01", "00", "1"), "10000:01:00.1"),
+])
+def test_pci_ids_take_nvmls_form(parts, want):
+    assert normalize_pci(*parts) == want
+
+
+# -- a fake /dev/kmsg ----------------------------------------------------------
+
+class FakeRing:
+    """The kernel's ring: records by sequence number, oldest ones dropped."""
+
+    def __init__(self, first_seq=0):
+        self.lock = threading.Lock()
+        self.records = {}
+        self.first = self.next = first_seq
+        self.opened = 0
+
+    def log(self, *messages):
+        with self.lock:
+            for m in messages:
+                self.records[self.next] = b"3,%d,%d,-;%s\n" % (self.next, self.next * 10, m.encode())
+                self.next += 1
+
+    def drop_to(self, first):
+        with self.lock:
+            for seq in range(self.first, first):
+                self.records.pop(seq, None)
+            self.first = first
+
+    def open(self):
+        self.opened += 1
+        return FakeReader(self)
+
+
+class FakeReader:
+    def __init__(self, ring):
+        self.ring, self.pos, self.closed = ring, ring.first, False
+
+    def read(self, timeout):
+        with self.ring.lock:
+            if self.pos < self.ring.first:
+                self.pos = self.ring.first
+                raise BrokenPipeError(32, "Broken pipe")
+            rec = self.ring.records.get(self.pos)
+            if rec is not None:
+                self.pos += 1
+                return rec
+        time.sleep(min(timeout, 0.005))
+        return None
+
+    def close(self):
+        self.closed = True
+
+
+def xid(n, tag="x"):
+    return f"NVRM: Xid (PCI:0000:3b:00): {n}, pid=1, name={tag}, test"
+
+
+NOISE = "usb 1-1: new high-speed USB device number 2 using xhci_hcd"
+
+
+def wait_for(cond, timeout=5.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if cond():
+            return True
+        time.sleep(0.005)
+    return False
+
+
+class Run:
+    """A watcher over `ring` with its events collected."""
+
+    def __init__(self, ring, state, boot="boot-a", **kw):
+        self.events = []
+        kw.setdefault("poll_s", 0.05)
+        self.w = KmsgWatcher(state_file=state, on_event=self.events.append,
+                             open_source=ring.open, boot_id=lambda: boot, **kw)
+
+    def __enter__(self):
+        self.w.start()
+        assert self.w.wait_caught_up(5)
+        return self
+
+    def __exit__(self, *exc):
+        assert self.w.stop()
+
+    def numbers(self):
+        return [e.number for e in self.events]
+
+
+@pytest.fixture
+def state(tmp_path):
+    return str(tmp_path / "var" / "lib" / "tracehound" / "kmsg-seq")
+
+
+def saved(state):
+    with open(state) as f:
+        return json.load(f)
+
+
+def test_restarts_hand_each_record_on_once(state):
+    ring = FakeRing()
+    ring.log(NOISE, xid(79), NOISE, xid(13), "nvidia-nvswitch1: SXid (PCI:0000:c7:00.0): "
+             "12028, Non-fatal, Link 3 error")
+    with Run(ring, state) as r1:
+        pass
+    assert r1.numbers() == [79, 13, 12028]
+    assert [e.kind for e in r1.events] == ["xid", "xid", "sxid"]
+    assert [e.seq for e in r1.events] == [1, 3, 4] and r1.events[0].usec == 10
+    assert saved(state) == {"seq": 4, "boot_id": "boot-a"}
+    assert r1.w.records_read == 5 and r1.w.gpu_events == 3
+    ring.log(NOISE, xid(48))
+    with Run(ring, state) as r2:
+        pass
+    assert r2.numbers() == [48]
+    with Run(ring, state) as r3:
+        pass
+    assert r3.events == []
+    assert saved(state)["seq"] == 6
+    assert not [n for n in os.listdir(os.path.dirname(state)) if n.endswith(".tmp")]
+
+
+def test_lines_logged_while_running_are_seen_and_not_repeated(state):
+    ring = FakeRing()
+    ring.log(NOISE)
+    with Run(ring, state) as r1:
+        ring.log(xid(31), NOISE, xid(43))
+        assert wait_for(lambda: len(r1.events) == 2)
+    with Run(ring, state) as r2:
+        pass
+    assert r1.numbers() == [31, 43] and r2.events == []
+
+
+def test_reboot_seen_by_a_new_boot_id(state):
+    ring = FakeRing()
+    ring.log(*[NOISE] * 8, xid(79))
+    with Run(ring, state, boot="boot-a"):
+        pass
+    fresh = FakeRing()          # after the reboot: numbering starts again
+    fresh.log(xid(62), NOISE)
+    with Run(fresh, state, boot="boot-b") as r:
+        pass
+    assert r.numbers() == [62]
+    assert saved(state) == {"seq": 1, "boot_id": "boot-b"}
+
+
+def test_reboot_seen_by_sequence_numbers_when_no_boot_id(state):
+    ring = FakeRing()
+    ring.log(*[NOISE] * 20, xid(79))
+    with Run(ring, state, boot=None):
+        pass
+    fresh = FakeRing()
+    fresh.log(NOISE, xid(119), xid(120))
+    with Run(fresh, state, boot=None) as r:
+        pass
+    assert r.numbers() == [119, 120]
+    assert fresh.opened == 2    # read once to find the end, once to hand on
+    assert saved(state)["seq"] == 2
+    with Run(fresh, state, boot=None) as again:
+        pass
+    assert again.events == []
+
+
+def test_records_overwritten_while_down_are_counted_lost(state):
+    ring = FakeRing()
+    ring.log(NOISE, NOISE, xid(8))
+    with Run(ring, state):
+        pass
+    ring.log(xid(45), NOISE, NOISE, xid(94), NOISE)    # seq 3..7
+    ring.drop_to(6)                                     # 3, 4, 5 never read
+    with Run(ring, state) as r:
+        pass
+    assert r.numbers() == [94]
+    assert r.w.records_lost == 3
+
+
+def test_overrun_while_reading_is_counted_and_reading_goes_on(state):
+    ring = FakeRing()
+    ring.log(xid(13))
+    with Run(ring, state) as r:
+        with ring.lock:     # the reader cannot read in between: as a burst would
+            for n in range(30):
+                ring.records[ring.next] = b"3,%d,0,-;%s\n" % (ring.next, xid(n).encode())
+                ring.next += 1
+            for seq in range(ring.first, 21):
+                ring.records.pop(seq)
+            ring.first = 21
+        assert wait_for(lambda: len(r.events) == 11)
+        assert r.w.overruns == 1
+        assert r.w.records_lost == 20
+        ring.log(xid(95))
+        assert wait_for(lambda: len(r.events) == 12)
+    assert r.numbers() == [13, *range(20, 30), 95]
+
+
+@pytest.mark.parametrize("content", [b"", b"not json", b'{"seq": "12"}', b"[1, 2]",
+                                     b'{"seq": -1}', b'{"seq": true}', b'{"boot_id": "a"}',
+                                     b"\xff\xfe\x00garbage", b"7"])
+def test_unreadable_state_is_ignored_with_a_warning(state, content, caplog):
+    os.makedirs(os.path.dirname(state), exist_ok=True)
+    with open(state, "wb") as f:
+        f.write(content)
+    ring = FakeRing()
+    ring.log(xid(79), xid(48))
+    with caplog.at_level(logging.WARNING, logger=kmsg.__name__):
+        with Run(ring, state) as r:
+            pass
+    assert r.numbers() == [79, 48]
+    assert "ignoring kernel log position" in caplog.text
+    assert saved(state) == {"seq": 1, "boot_id": "boot-a"}
+
+
+def test_state_is_saved_at_most_once_per_interval_and_on_stop(state):
+    now = [100.0]
+    ring = FakeRing()
+    ring.log(xid(13))
+    with Run(ring, state, clock=lambda: now[0], persist_interval_s=1.0) as r:
+        assert r.w.state_writes == 1 and saved(state)["seq"] == 0
+        for n in range(5):
+            ring.log(xid(n))
+            assert wait_for(lambda: len(r.events) == n + 2)
+        time.sleep(0.15)    # idle rounds: still inside the interval
+        assert r.w.state_writes == 1 and saved(state)["seq"] == 0
+        now[0] += 1.0
+        assert wait_for(lambda: r.w.state_writes == 2)
+        assert saved(state)["seq"] == 5
+        ring.log(NOISE)
+        time.sleep(0.15)
+        assert saved(state)["seq"] == 5
+    assert r.w.state_writes == 3 and saved(state)["seq"] == 6
+
+
+def test_malformed_lines_are_counted_not_handed_on(state):
+    ring = FakeRing()
+    ring.log("NVRM: Xid (PCI:0000:3b:00): garbled", xid(79), "nvidia-nvswitch0: SXid junk")
+    with Run(ring, state) as r:
+        pass
+    assert r.numbers() == [79]
+    assert r.w.malformed == 2 and r.w.gpu_events == 1
+
+
+def test_a_failing_handler_does_not_stop_the_watcher(state):
+    ring = FakeRing()
+    ring.log(xid(13), xid(31))
+    seen = []
+
+    def handler(ev):
+        seen.append(ev.number)
+        raise RuntimeError("handler bug")
+    w = KmsgWatcher(state_file=state, on_event=handler, open_source=ring.open,
+                    boot_id=lambda: "b", poll_s=0.05).start()
+    assert w.wait_caught_up(5) and w.running
+    assert w.stop()
+    assert seen == [13, 31]
+
+
+def test_without_a_state_file_the_whole_ring_is_handed_on_each_time():
+    ring = FakeRing()
+    ring.log(xid(79))
+    for _ in range(2):
+        with Run(ring, None) as r:
+            pass
+        assert r.numbers() == [79]
+
+
+def test_unopenable_kmsg_is_reported_not_raised(state):
+    def refuse():
+        raise PermissionError(13, "Operation not permitted")
+    w = KmsgWatcher(path="/dev/kmsg", state_file=state, open_source=refuse).start()
+    assert not w.running
+    assert "Operation not permitted" in w.error
+    assert w.stop()
+
+
+def test_default_source_is_the_kernel_log_path(tmp_path):
+    missing = str(tmp_path / "no-kmsg")
+    w = KmsgWatcher(path=missing, state_file=None).start()
+    assert missing in w.error and not w.running
+
+
+class BlockingSource:
+    """Blocks each read for the whole timeout, as poll() on a quiet log does."""
+
+    def read(self, timeout):
+        time.sleep(timeout)
+        return None
+
+    def close(self):
+        pass
+
+
+def test_stop_returns_promptly(state):
+    w = KmsgWatcher(state_file=state, open_source=BlockingSource, boot_id=lambda: None,
+                    poll_s=0.2).start()
+    time.sleep(0.05)
+    t0 = time.monotonic()
+    assert w.stop()
+    assert time.monotonic() - t0 < 0.6
+    assert not w.running
+
+
+def test_watcher_can_be_started_again_after_stop(state):
+    ring = FakeRing()
+    ring.log(xid(79))
+    r = Run(ring, state)
+    with r:
+        pass
+    ring.log(xid(64))
+    with r:
+        pass
+    assert r.numbers() == [79, 64]
+    # the second start reads record 0 again, to skip it
+    assert r.w.gpu_events == 2 and r.w.records_read == 3
+
+
+class FailingReader(FakeReader):
+    """Reads `good` records, then fails every read with EIO."""
+
+    def __init__(self, ring, good):
+        super().__init__(ring)
+        self.good = good
+
+    def read(self, timeout):
+        if self.good == 0:
+            time.sleep(0.01)
+            raise OSError(5, "Input/output error")
+        self.good -= 1
+        return super().read(timeout)
+
+
+def test_stopping_before_the_saved_position_is_reached_keeps_it(state, caplog):
+    ring = FakeRing()
+    ring.log(*[xid(n) for n in range(10)])
+    with Run(ring, state):
+        pass
+    assert saved(state)["seq"] == 9
+    w = KmsgWatcher(state_file=state, on_event=lambda ev: None, boot_id=lambda: "boot-a",
+                    open_source=lambda: FailingReader(ring, 4), poll_s=0.02).start()
+    assert wait_for(lambda: w.records_read == 4)
+    time.sleep(0.1)
+    assert not w.wait_caught_up(0) and w.gpu_events == 0
+    assert w.stop()
+    assert saved(state)["seq"] == 9
+    assert caplog.text.count("Input/output error") == 1     # logged once, not per retry
