@@ -79,6 +79,9 @@ class GpuSubsystem(Subsystem):
             self.ctx.progress.add(self.name, lambda: self._per_cgroup(self.busy.seconds))
             self.ctx.progress.add_blind(self.name, lambda: self._per_cgroup(
                 dict.fromkeys(self.busy.unmeasured, 0.0)))
+        # after NVML: the replay of the ring maps bus ids to enumerated GPUs
+        self._kmsg_watcher = KmsgWatcher(KMSG_PATH, self.kmsg_state,
+                                         on_event=self.kmsg.kernel_event).start()
 
     def _per_cgroup(self, per_pid: dict[int, float]) -> dict[int, float]:
         out: dict[int, float] = {}
@@ -92,10 +95,6 @@ class GpuSubsystem(Subsystem):
                 continue
             out[cgid] = out.get(cgid, 0.0) + value
         return out
-
-        # after NVML: the replay of the ring maps bus ids to enumerated GPUs
-        self._kmsg_watcher = KmsgWatcher(KMSG_PATH, self.kmsg_state,
-                                         on_event=self.kmsg.kernel_event).start()
 
     def close(self) -> None:
         self.ctx.progress.remove(self.name)

@@ -1,0 +1,172 @@
+"""GPU errors from this machine's real kernel log (/dev/kmsg), read by a real
+agent: the gpu.xid experiment detected within two detection intervals, the
+count exact across an agent restart, malformed driver lines counted.
+
+No GPU is needed: the lines are written to /dev/kmsg in the driver's form,
+each test with a PCI bus id of its own (a random PCI domain), so the host's
+real kernel log and earlier runs cannot add to what a test counts."""
+import json
+import os
+import secrets
+import shutil
+import tempfile
+import time
+import urllib.request
+
+import pytest
+
+from tests.kernel.conftest import series, start_agent, stop_agent
+from tests.kernel.test_chaos_examples import run_example
+
+KMSG = "/dev/kmsg"
+DETECT_INTERVAL_S = 0.5
+FATAL_WINDOW_S = 4
+XID = "tracehound_gpu_xid_errors_total"
+
+
+def _devkmsg_writable() -> str | None:
+    try:
+        with open("/proc/sys/kernel/printk_devkmsg") as f:
+            if f.read().strip() == "off":
+                return "printk_devkmsg=off: the kernel refuses lines written to /dev/kmsg"
+    except OSError:
+        pass
+    return None if os.access(KMSG, os.W_OK) else f"{KMSG} is not writable"
+
+
+pytestmark = pytest.mark.skipif(_devkmsg_writable() is not None,
+                                reason=_devkmsg_writable() or "")
+
+
+def unique_pci() -> str:
+    """A bus id in a PCI domain no machine uses, new for every call."""
+    return f"{0x1000 + secrets.randbelow(0xe000):04x}:{secrets.randbelow(256):02x}:" \
+           f"{secrets.randbelow(32):02x}.0"
+
+
+def driver_form(pci: str) -> str:
+    domain, bus, rest = pci.split(":")
+    return f"PCI:{domain}:{bus}:{rest.split('.')[0]}"
+
+
+def write_kmsg(text: str) -> None:
+    # a fresh open per line: the kernel rate-limits each open file's writes
+    fd = os.open(KMSG, os.O_WRONLY)
+    try:
+        os.write(fd, f"<4>{text}\n".encode())
+    finally:
+        os.close(fd)
+
+
+def wait_value(agent, name: str, want: float, timeout: float = 15, **labels) -> float:
+    deadline = time.monotonic() + timeout
+    got = None
+    while time.monotonic() < deadline:
+        got = series(agent.scrape(), name, **labels)
+        if got == want:
+            return got
+        time.sleep(0.1)
+    return got
+
+
+def events(agent) -> list[dict]:
+    url = agent.url.removesuffix("/metrics") + "/events"
+    with urllib.request.urlopen(url, timeout=10) as r:
+        return json.load(r)["events"]
+
+
+@pytest.fixture
+def state_dir():
+    d = tempfile.mkdtemp(prefix="thtest-state-")
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def kmsg_agent(hook_mode):
+    """An agent of its own: a private kernel-log position and a short fatal-XID window."""
+    d = tempfile.mkdtemp(prefix="thtest-state-")
+    a = start_agent(hook_mode, "--state-dir", d, "--gpu-fatal-xid-window", str(FATAL_WINDOW_S))
+    yield a
+    stop_agent(a)
+    shutil.rmtree(d, ignore_errors=True)
+
+
+def test_gpu_xid_experiment_is_detected_with_the_xids_meaning(kmsg_agent):
+    pci = unique_pci()
+    run = run_example(kmsg_agent, "gpu-xid.yaml", {
+        "CHAOS_GPU_PCI": pci, "CHAOS_XID": "48",
+        "CHAOS_DETECT_INTERVAL": str(DETECT_INTERVAL_S)})
+    assert run.code == 0, run.err
+    for probe in ("tracehound-counts-xid", "tracehound-reports-xid"):
+        d = run.detection(probe)
+        assert d["detected"] and d["tracehound_signal"], d
+        print(f"{probe}: MTTD {d['mttd_seconds']:.3f} s (detection interval "
+              f"{DETECT_INTERVAL_S} s)")
+        assert d["mttd_seconds"] <= 2 * DETECT_INTERVAL_S, d
+    assert "nothing to undo" in run.record["faults"][0]["rollback_note"]
+
+    event = run.detection("tracehound-reports-xid")["event"]
+    assert (event["kind"], event["xid"], event["pci_bus_id"]) == ("xid", 48, pci)
+    assert (event["name"], event["severity"]) == ("double-bit ECC error", "fatal")
+    assert event["action"] and event["source"] == "kmsg"
+    assert (event["driver_pid"], event["driver_process"]) == (1, "tracehound-chaos")
+
+    m = kmsg_agent.scrape()
+    assert series(m, XID, pci_bus_id=pci, xid="48") == 1
+    info = {("xid", "48"), ("name", "double-bit ECC error"), ("severity", "fatal")}
+    assert [v for (n, ls), v in m.items() if n == "tracehound_gpu_xid_info" and info <= ls] == [1]
+    # the fatal XID is recent, then the window passes and the condition clears
+    health = dict(pci_bus_id=pci, condition="recent_fatal_xid")
+    assert series(m, "tracehound_gpu_health", **health) == 1
+    assert wait_value(kmsg_agent, "tracehound_gpu_health", 0, FATAL_WINDOW_S + 5, **health) == 0
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:
+        cleared = [e for e in events(kmsg_agent) if e.get("event") == "gpu_health"
+                   and e.get("pci_bus_id") == pci and e.get("state") == "cleared"]
+        if cleared:
+            break
+        time.sleep(0.2)
+    assert cleared and cleared[0]["condition"] == "recent_fatal_xid", cleared
+
+
+def test_lines_written_while_the_agent_is_down_count_once_after_it_restarts(
+        hook_mode, state_dir):
+    pci = unique_pci()
+    line = f"NVRM: Xid ({driver_form(pci)}): 13, pid=4242, name=python, Graphics Exception"
+    a = start_agent(hook_mode, "--state-dir", state_dir)
+    try:
+        for _ in range(2):
+            write_kmsg(line)
+        assert wait_value(a, XID, 2, pci_bus_id=pci, xid="13") == 2
+    finally:
+        stop_agent(a)
+    assert os.path.exists(os.path.join(state_dir, "kmsg-seq"))
+    for _ in range(3):
+        write_kmsg(line)            # nobody reading
+    b = start_agent(hook_mode, "--state-dir", state_dir)
+    try:
+        # the ring is read in order: once the third new line is counted, the
+        # two the first agent counted have been passed over, not counted again
+        assert wait_value(b, XID, 3, pci_bus_id=pci, xid="13") == 3
+        time.sleep(1.0)
+        assert series(b.scrape(), XID, pci_bus_id=pci, xid="13") == 3
+    finally:
+        stop_agent(b)
+
+
+def test_malformed_driver_lines_are_skipped_and_counted(kmsg_agent):
+    pci = unique_pci()
+    before = series(kmsg_agent.scrape(), "tracehound_gpu_kmsg_malformed_total")
+    bad = [f"NVRM: Xid ({driver_form(pci)}): not-a-number, pid=1, name=x",
+           f"NVRM: Xid ({driver_form(pci)}",
+           "NVRM: Xid"]
+    for text in bad:
+        write_kmsg(text)
+    write_kmsg(f"NVRM: Xid ({driver_form(pci)}): 31, pid=1, name=x, a well-formed one after")
+    assert wait_value(kmsg_agent, XID, 1, pci_bus_id=pci, xid="31") == 1
+    m = kmsg_agent.scrape()
+    # read in order: by the time the good line is counted the bad ones were seen
+    assert series(m, "tracehound_gpu_kmsg_malformed_total") == before + len(bad)
+    assert series(m, XID, pci_bus_id=pci) == 1
+    assert series(m, "tracehound_gpu_kmsg_up") == 1
