@@ -23,7 +23,10 @@ from tracehound.chaos import document, jsonpath, schema  # noqa: E402
 from tracehound.chaos.detection import parse_predicate  # noqa: E402
 from tracehound.chaos.metrics import QueryError, parse_samples, parse_selector  # noqa: E402
 from tracehound.errors import SetupError  # noqa: E402
+from tracehound.chaos.faults.gpu_xid import xid_line  # noqa: E402
 from tracehound.exporter.server import parse_listen  # noqa: E402
+from tracehound.gpu.kmsg import (EVENT_KINDS, MALFORMED, parse_gpu_line,  # noqa: E402
+                                 parse_record)
 from tracehound.host.mounts import MountTableError, parse_mountinfo  # noqa: E402
 from tracehound.top.rates import parse_metrics  # noqa: E402
 
@@ -186,3 +189,52 @@ def test_kubelet_pod_lists_parse_or_are_refused(doc):
     except ValueError:
         return
     assert all(isinstance(uid, str) and record.uid == uid for uid, record in pods.items())
+
+
+# what the kernel log holds: records "prio,seq,usec,flags;text\n KEY=v", and
+# the NVIDIA driver's lines inside them, with their punctuation
+KMSG_PIECES = st.sampled_from([
+    "NVRM: ", "Xid ", "SXid ", "(PCI:", "0000:3b:00", ".0", "): ", "79", ", ", "pid=", "'<unknown>'",
+    "name=", "GPU-I:05", "nvidia-nvswitch3: ", "Fatal", "Non-fatal", "Severity 1",
+    "Data {", "GPU 0000:3b:00.0: ", "has fallen off the bus.", "RmInitAdapter failed!",
+    "device minor number 3", "[ 12.345] ", "\n", "\\x0a", "\\x5c", ";", ",", "-", "c", "4",
+    "\n SUBSYSTEM=pci", "\x00", "\xff", "ffffffff:", "99999999999999999999"])
+KMSG_TEXT = st.lists(st.one_of(KMSG_PIECES, st.text(max_size=12)), max_size=24).map("".join)
+
+
+@fuzz
+@given(KMSG_TEXT, st.binary(max_size=40))
+def test_kernel_log_records_and_driver_lines_parse_or_are_skipped(text, noise):
+    for raw in (text.encode("utf-8", "surrogatepass"), b"4,7,1,-;" + text.encode(
+            "utf-8", "surrogatepass") + noise, noise):
+        rec = parse_record(raw)
+        if rec is not None:
+            assert rec.seq >= 0 and isinstance(rec.message, str)
+            text_of = rec.message
+        else:
+            text_of = raw.decode("utf-8", "replace")
+        event = parse_gpu_line(text_of)
+        if event is None:
+            continue
+        assert event.kind in (*EVENT_KINDS, MALFORMED)
+        if event.kind in ("xid", "sxid"):
+            assert isinstance(event.number, int) and event.number >= 0
+        if event.pci is not None:
+            domain, bus, rest = event.pci.split(":")
+            assert len(bus) == 2 and rest[2] == "." and event.pci == event.pci.lower()
+
+
+# a process name as the driver prints it: no comma (it ends the field) or line break
+NAMES = st.text(alphabet=st.characters(blacklist_categories=("Cs", "Cc", "Zl", "Zp"),
+                                       blacklist_characters=",'"), max_size=16)
+
+
+@fuzz
+@given(st.integers(0, 99999), st.integers(0, 0xffff), st.integers(0, 255), st.integers(0, 31),
+       st.integers(0, 7), st.one_of(st.none(), st.integers(1, 2 ** 22)), NAMES)
+def test_driver_xid_lines_round_trip(xid, domain, bus, device, function, pid, name):
+    pci = f"{domain:04x}:{bus:02x}:{device:02x}.{function}"
+    line = xid_line(xid, pci, pid, name, "detail text")[3:]
+    event = parse_gpu_line(line)
+    assert (event.kind, event.number, event.pci, event.pid) == ("xid", xid, pci, pid)
+    assert event.process == ((name.strip() or None) if name.strip() != "<unknown>" else None)
