@@ -36,7 +36,8 @@ HOST_PATH_TYPES = {"", "DirectoryOrCreate", "Directory", "FileOrCreate", "File",
                    "CharDevice", "BlockDevice"}
 # host paths the agent reads, and whether the mount may be read-only
 HOST_MOUNTS = {"/sys/fs/bpf": False, "/sys/kernel/tracing": False, "/sys/kernel/btf": True,
-               "/sys/fs/cgroup": True, "/var/log/pods": True, "/var/log/containers": True}
+               "/sys/fs/cgroup": True, "/var/log/pods": True, "/var/log/containers": True,
+               "/var/lib/tracehound": False}
 # systemd options that give the service its own mount namespace (other mount ids)
 MOUNT_NAMESPACE_OPTIONS = ("PrivateTmp", "PrivateDevices", "PrivateMounts", "ProtectSystem",
                            "ProtectHome", "ProtectKernelTunables", "ProtectKernelModules",
@@ -44,7 +45,7 @@ MOUNT_NAMESPACE_OPTIONS = ("PrivateTmp", "PrivateDevices", "PrivateMounts", "Pro
                            "ProtectHostname", "ReadOnlyPaths", "InaccessiblePaths",
                            "TemporaryFileSystem", "BindPaths", "RootDirectory")
 CAPABILITIES = {"CAP_BPF", "CAP_PERFMON", "CAP_SYS_ADMIN", "CAP_SYS_RESOURCE",
-                "CAP_DAC_READ_SEARCH"}
+                "CAP_DAC_READ_SEARCH", "CAP_SYSLOG"}
 
 
 def yaml_files():
