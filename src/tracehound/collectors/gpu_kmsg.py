@@ -70,8 +70,8 @@ class GpuKernelLogCollector:
         fallen = CounterMetricFamily(
             "tracehound_gpu_fallen_off_bus",
             "Kernel log lines saying a GPU has fallen off the bus.", labels=IDENTITY)
-        for key, n in sorted(counts.fallen.items()):
-            fallen.add_metric(self._lv(key) if key else ["", "", "", ""], n)
+        for key, n in sorted(counts.fallen.items(), key=lambda kv: str(kv[0])):
+            fallen.add_metric(self._lv(key), n)
         init = CounterMetricFamily(
             "tracehound_gpu_init_failures",
             "Kernel log lines saying the driver failed to initialise a GPU.",

@@ -95,11 +95,14 @@ class GpuKernelLog:
             return
         self._counted(key, xid, None)
         self.detector.xid(self.identity(key), xid, processes, source="nvml",
-                          **self._describe("xid", xid))
+                          **kernel_event_info("xid", xid))
 
     def kernel_event(self, e: GpuKernelEvent) -> None:
+        # when the kernel logged it (CLOCK_MONOTONIC-like seconds since boot):
+        # on the event, so a line replayed from the ring at start-up reads as old
         at = e.usec / 1e6 if e.usec is not None else None
-        labels = self.identity(e.pci) if e.pci else dict.fromkeys(IDENTITY, "")
+        logged = {"uptime_seconds": round(at, 6)} if at is not None else {}
+        labels = self.identity(e.pci)     # a line naming no bus id: "unknown", as NVML's
         driver = self._driver_process(e)
         if e.kind == "xid":
             if not self.ledger.report("kmsg", e.pci, e.number):
@@ -111,7 +114,8 @@ class GpuKernelLog:
             if e.number == 154:
                 extra["recovery_action"] = xid154_recovery_action(e.detail)
             self.detector.xid(labels, e.number, driver, source="kmsg", detail=e.detail,
-                              **self._driver_fields(e), **extra, **self._describe("xid", e.number))
+                              driver_pid=e.pid, driver_process=e.process, **extra, **logged,
+                              **kernel_event_info("xid", e.number))
             return
         if e.kind == "sxid":
             severity = {True: "fatal", False: "non_fatal"}.get(e.fatal, "unknown")
@@ -121,13 +125,12 @@ class GpuKernelLog:
             # a switch is not a GPU: its own pci_bus_id, no GPU identity
             self.detector.kernel({**dict.fromkeys(IDENTITY, ""), "pci_bus_id": e.pci or ""},
                                  "sxid", (), source="kmsg", sxid=e.number, device=e.device,
-                                 fatal=e.fatal, detail=e.detail,
-                                 **self._describe("sxid", e.number, e.fatal))
+                                 fatal=e.fatal, detail=e.detail, **logged,
+                                 **kernel_event_info("sxid", e.number, e.fatal))
             return
         if e.kind == "fallen_off_bus":
-            key = e.pci or ""
             with self._lock:
-                self._fallen[key] = self._fallen.get(key, 0) + 1
+                self._fallen[e.pci] = self._fallen.get(e.pci, 0) + 1
             if e.pci:
                 self.health.fallen_off_bus(e.pci, at)
         elif e.kind == "init_failed":
@@ -137,7 +140,7 @@ class GpuKernelLog:
         else:
             return
         self.detector.kernel(labels, e.kind, driver, source="kmsg", device=e.device,
-                             detail=e.detail, **self._describe(e.kind))
+                             detail=e.detail, **logged, **kernel_event_info(e.kind))
 
     def observe(self, observations: list[dict]) -> list[dict]:
         """Feed NVML's reading of every GPU to the health rules; returns it
@@ -158,14 +161,6 @@ class GpuKernelLog:
                 self._numbers.add(xid)
         if key is not None:
             self.health.xid(key, xid, at)
-
-    @staticmethod
-    def _describe(kind: str, number: int | None = None, fatal: bool | None = None) -> dict:
-        return kernel_event_info(kind, number, fatal)
-
-    @staticmethod
-    def _driver_fields(e: GpuKernelEvent) -> dict:
-        return {"driver_pid": e.pid, "driver_process": e.process}
 
     def _driver_process(self, e: GpuKernelEvent) -> list[dict]:
         """The process the driver named, with its workload labels when it is
