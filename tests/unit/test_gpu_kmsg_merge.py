@@ -17,16 +17,10 @@ from tracehound.host.topology import Topology
 from . import fake_nvml as fn
 from .fake_nvml import FakeGpu, FakeNvml
 from .gpu_helpers import Events, make_host, value
+from .test_gpu_events import wait_for
+from .test_gpu_health import Clock
 
 PCI = "0000:3b:00.0"
-
-
-class Clock:
-    def __init__(self, t=5000.0):
-        self.t = t
-
-    def __call__(self):
-        return self.t
 
 
 def line(text: str, usec: int | None = None):
@@ -40,17 +34,10 @@ def scrape(*collectors) -> dict:
 
 def hub_only(clock=None, window=600.0):
     events = Events()
-    clock = clock or Clock()
+    clock = clock or Clock(5000.0)
     hub = GpuKernelLog(GpuDetector(emit=events), fatal_window_s=window, clock=clock,
                        ledger=XidLedger(clock=clock))
     return hub, events, GpuKernelLogCollector(hub)
-
-
-def wait_for(cond, timeout=5.0):
-    end = time.monotonic() + timeout
-    while time.monotonic() < end and not cond():
-        time.sleep(0.01)
-    return cond()
 
 
 def test_nvml_and_kernel_log_report_one_xid_once(tmp_path):
@@ -145,7 +132,7 @@ def test_sxid_fallen_off_bus_and_init_failures_count_and_raise_events():
 
 
 def test_health_gauge_and_events_for_a_fatal_xid_until_the_window_passes():
-    clock = Clock()
+    clock = Clock(5000.0)
     hub, events, col = hub_only(clock, window=60)
     # logged 10 s ago by the kernel's clock
     hub.kernel_event(line("NVRM: Xid (PCI:0000:3b:00): 95, Uncontained", usec=int(4990e6)))
