@@ -1,0 +1,163 @@
+"""The kernel log's records (/dev/kmsg) and the NVIDIA driver's lines in them.
+
+Pure parsing, no I/O: gpu/kmsg.py reads the log and hands each record here.
+Every function takes any text or bytes: it returns its result, None for
+what is not its business, or a "malformed" event for a driver line that
+starts like an XID/SXid report and does not parse (counted, skipped).
+"""
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+EVENT_KINDS = ("xid", "sxid", "fallen_off_bus", "init_failed")
+MALFORMED = "malformed"
+
+
+@dataclass(frozen=True)
+class KmsgRecord:
+    seq: int
+    usec: int               # CLOCK_MONOTONIC at logging time
+    message: str            # unescaped; may hold newlines of a multi-line printk
+    level: int = 6
+    facility: int = 0       # 0: the kernel; 1: written from user space
+    fragment: bool = False  # flag 'c': part of a line printed in pieces
+    fields: tuple[tuple[str, str], ...] = ()   # the " KEY=value" lines
+
+
+_ESCAPE = re.compile(rb"\\x([0-9a-fA-F]{2})")
+
+
+def _unescape(raw: bytes) -> str:
+    # the kernel writes non-printable bytes, bytes >= 0x7f and '\' as \xNN
+    return _ESCAPE.sub(lambda m: bytes((int(m.group(1), 16),)), raw).decode("utf-8", "replace")
+
+
+def parse_record(raw: bytes) -> KmsgRecord | None:
+    """One read() of /dev/kmsg -> record; None when it is not one."""
+    header, sep, body = raw.partition(b";")
+    parts = header.split(b",")
+    try:
+        prio, seq, usec = int(parts[0]), int(parts[1]), int(parts[2])
+    except (ValueError, IndexError):
+        return None
+    if not sep or seq < 0:
+        return None
+    flags = parts[3] if len(parts) > 3 else b"-"
+    lines = body.split(b"\n")
+    fields = []
+    for line in lines[1:]:
+        if line.startswith(b" "):
+            key, eq, value = line[1:].partition(b"=")
+            if eq:
+                fields.append((_unescape(key), _unescape(value)))
+    return KmsgRecord(seq=seq, usec=usec, message=_unescape(lines[0]),
+                      level=prio & 7, facility=prio >> 3,
+                      fragment=b"c" in flags, fields=tuple(fields))
+
+
+@dataclass(frozen=True)
+class GpuKernelEvent:
+    kind: str
+    message: str
+    pci: str | None = None
+    number: int | None = None
+    pid: int | None = None
+    process: str | None = None
+    device: str | None = None
+    fatal: bool | None = None
+    gpu_instance: int | None = None
+    detail: str = ""
+    seq: int | None = None
+    usec: int | None = None
+
+
+_HEX = "[0-9a-fA-F]"
+_PCI = re.compile(rf"(?:PCI:)?(?:({_HEX}{{4,8}}):)?({_HEX}{{2}}):({_HEX}{{2}})(?:\.([0-7]))?")
+_PCI_IN_TEXT = re.compile(rf"\b(?:PCI:)?({_HEX}{{4,8}}):({_HEX}{{2}}):({_HEX}{{2}})(?:\.([0-7]))?\b")
+_DMESG_STAMP = re.compile(r"^\s*(?:\[\s*\d+\.\d+\]\s*)?")
+_NEWLINES = re.compile(r"\s*\n\s*(?:NVRM:\s*)?")
+_XID = re.compile(r"NVRM:\s*Xid\s*\(([^)]*)\)\s*:\s*(\d+)\s*(?:,\s*(.*))?$", re.I | re.S)
+_XID_START = re.compile(r"NVRM:\s*Xid\b", re.I)
+_SXID = re.compile(r"(?:([\w.-]+):\s*)?SXid\s*\(([^)]*)\)\s*:\s*(\d+)\s*(?:,\s*(.*))?$", re.I | re.S)
+_SXID_START = re.compile(r"(?:[\w.-]+:\s*)?SXid\b", re.I)
+_PID = re.compile(r"pid\s*=\s*'?([^',]*)'?\s*(?:,\s*|$)")
+_NAME = re.compile(r"name\s*=\s*([^,]*?)\s*(?:,\s*|$)")
+_GPU_INSTANCE = re.compile(r"GPU-I:\s*(\d+)")
+_GPU_PREFIX = re.compile(r"GPU\s+" + _PCI_IN_TEXT.pattern + r"\s*:\s*")
+_FALLEN = re.compile(r"fallen off the bus", re.I)
+_INIT_FAILED = re.compile(r"\b(?:RmInitAdapter|rm_init_adapter)\s+failed", re.I)
+_MINOR = re.compile(r"device minor number\s+(\d+)", re.I)
+# the second and third lines of one SXid report repeat its number
+_SXID_FOLLOWUP = re.compile(r"(?:Severity\s+\d|Data\s*\{)", re.I)
+
+
+def normalize_pci(domain: str | None, bus: str, device: str, function: str | None) -> str:
+    """Driver forms (PCI:0000:3b:00, 00000000:3B:00.0) -> 0000:3b:00.0;
+    a domain beyond 16 bits (VMD: 10000) keeps its digits, as in sysfs."""
+    domain = (domain or "0").lstrip("0").rjust(4, "0")
+    return f"{domain}:{bus}:{device}.{function or '0'}".lower()
+
+
+def _pci_of(text: str, pattern: re.Pattern = _PCI) -> str | None:
+    m = pattern.search(text)
+    return normalize_pci(*m.groups()) if m else None
+
+
+def _xid(line: str, m: re.Match) -> GpuKernelEvent:
+    where, number, rest = m.group(1), int(m.group(2)), m.group(3) or ""
+    pid = process = None
+    pm = _PID.match(rest)
+    if pm:     # pid=1234, pid='<unknown>'
+        pid, rest = (int(pm[1]) if pm[1].strip().isdigit() else None), rest[pm.end():]
+    nm = _NAME.match(rest)
+    if nm:
+        name, rest = nm[1].strip("' "), rest[nm.end():]
+        process = name if name and name != "<unknown>" else None
+    gi = _GPU_INSTANCE.search(where)
+    return GpuKernelEvent("xid", line, pci=_pci_of(where), number=number, pid=pid,
+                          process=process, gpu_instance=int(gi.group(1)) if gi else None,
+                          detail=rest.strip())
+
+
+def _sxid(line: str, m: re.Match) -> GpuKernelEvent | None:
+    device, where, number, rest = m.group(1), m.group(2), int(m.group(3)), m.group(4) or ""
+    if _SXID_FOLLOWUP.match(rest):
+        return None
+    fatal = None
+    head, sep, tail = rest.partition(",")
+    if head.strip().lower() in ("fatal", "non-fatal", "nonfatal"):
+        fatal, rest = head.strip().lower() == "fatal", tail if sep else ""
+    return GpuKernelEvent("sxid", line, pci=_pci_of(where), number=number, device=device,
+                          fatal=fatal, detail=rest.strip())
+
+
+def parse_gpu_line(message: str) -> GpuKernelEvent | None:
+    """A kernel log line -> GPU event, a "malformed" event (an XID/SXid line
+    that does not parse: count it), or None for anything else."""
+    line = _DMESG_STAMP.sub("", message, count=1)
+    if "\n" in line:
+        # one printk of several "NVRM: ..." lines is one record
+        line = _NEWLINES.sub(" ", line.strip())
+    line = line.strip()
+    if _XID_START.match(line):
+        m = _XID.match(line)
+        return _xid(line, m) if m else GpuKernelEvent(MALFORMED, line)
+    if _SXID_START.match(line):
+        m = _SXID.match(line)
+        return _sxid(line, m) if m else GpuKernelEvent(MALFORMED, line)
+    if not line.startswith("NVRM:"):
+        return None
+    text = line[len("NVRM:"):].strip()
+    pci = None
+    gm = _GPU_PREFIX.match(text)
+    if gm:
+        pci, text = normalize_pci(*gm.groups()), text[gm.end():]
+    if _FALLEN.search(text):
+        return GpuKernelEvent("fallen_off_bus", line, pci=pci or _pci_of(text, _PCI_IN_TEXT),
+                              detail=text)
+    if _INIT_FAILED.search(text):
+        minor = _MINOR.search(text)
+        return GpuKernelEvent("init_failed", line, pci=pci,
+                              device=f"nvidia{minor.group(1)}" if minor else None, detail=text)
+    return None
