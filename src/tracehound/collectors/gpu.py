@@ -38,7 +38,7 @@ from prometheus_client.core import (
 from ..gpu import nvml as nv
 from ..gpu.device import Gpu, GpuSample, enumerate_gpus, read_sample, running_processes
 from ..gpu.events import EventWatcher
-from ..gpu.health import gpu_key
+from ..gpu.health import gpu_key, pending_reset
 from ..host.topology import Topology
 
 log = logging.getLogger(__name__)
@@ -68,9 +68,7 @@ class GpuCollector:
         self.topology = topology or Topology()
         self.workload_labels = workload_labels or cgroup_workload_labels(self.topology)
         self.detector = detector      # a detect.gpu.GpuDetector, fed XIDs as they come
-        # xid_sink(gpu, xid, processes): when set, XIDs go there to be merged
-        # with the kernel log's (detect/gpu_kmsg.py), which counts and exports them
-        self.xid_sink = xid_sink
+        self.xid_sink = xid_sink      # (gpu, xid, processes): merged and exported there
         self.driver_version = driver_version
         self.gpus = sorted([*gpus, *lost_at_start], key=lambda g: g.index)
         self._by_index = {g.index: g for g in self.gpus}
@@ -192,7 +190,7 @@ class GpuCollector:
                             "utilization": s.utilization.get("gpu"),
                             "uncorrected_ecc": s.uncorrected_ecc(),
                             "row_remap_failure": s.row_remap_failure, "clock_reasons": active,
-                            "key": gpu_key(gpu), "ecc_pending": _pending(s),
+                            "key": gpu_key(gpu), "ecc_pending": pending_reset(s),
                             "nvlink_up": getattr(s, "nvlink_up", None),
                             "processes": self._process_records(s.processes, wl_cache),
                             "misplaced": misplaced.get(gpu.index, {})})
@@ -282,11 +280,6 @@ def _process_families(rows):
         if verdict is not None:
             mis.add_metric(lv, int(verdict))
     return [info, used_fam, mis]
-
-
-def _pending(s: GpuSample) -> int | None:
-    """A row remap (Ampere and later) or page retirement waiting for a reset."""
-    return s.row_remap_pending if s.row_remap_pending is not None else s.retired_pages_pending
 
 
 def _lv(gpu: Gpu) -> list[str]:

@@ -46,6 +46,14 @@ def gpu_key(gpu) -> str:
     return gpu.pci_bus_id or f"nvml:{gpu.index}"
 
 
+def pending_reset(sample) -> int | None:
+    """uncorrectable_ecc_pending of an NVML sample (gpu.device.GpuSample): a
+    row remap (Ampere and later) or a page retirement waiting for a reset."""
+    if sample.row_remap_pending is not None:
+        return sample.row_remap_pending
+    return sample.retired_pages_pending
+
+
 class GpuHealth:
     """Thread-safe: the kernel log thread, the NVML event thread and the
     detector schedule feed it; scrapes read it."""
