@@ -57,5 +57,9 @@ def test_doctor_lists_gpus():
 def test_doctor_says_why_there_is_no_gpu():
     lines = GpuSubsystem.doctor(
         "auto", nvml=FakeNvml([], init_error=fn.NVML_ERROR_DRIVER_NOT_LOADED)).lines
-    assert lines == ["gpu:", ("  [--] nvml           NVIDIA driver not loaded (no nvidia kernel module)"
-                              " (GPU health metrics off)")]
+    assert lines[:2] == ["gpu:", ("  [--] nvml           NVIDIA driver not loaded (no nvidia kernel "
+                                  "module) (GPU health metrics off)")]
+    # the kernel log is checked whatever NVML says: readable or not, never a problem
+    (kmsg,) = lines[2:]
+    assert kmsg.startswith(("  [ok] kernel log     /dev/kmsg readable",
+                            "  [--] kernel log     cannot read /dev/kmsg"))
