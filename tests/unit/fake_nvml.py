@@ -18,6 +18,8 @@ from dataclasses import dataclass, field
 from types import SimpleNamespace
 from typing import ClassVar
 
+from .fake_nvml_more import MoreNvml
+
 NVML_SUCCESS = 0
 NVML_ERROR_UNINITIALIZED = 1
 NVML_ERROR_INVALID_ARGUMENT = 2
@@ -51,6 +53,12 @@ NVML_NVLINK_ERROR_DL_CRC_FLIT = 2
 NVML_NVLINK_ERROR_DL_CRC_DATA = 3
 NVML_NVLINK_ERROR_DL_ECC_DATA = 4
 NVML_FI_DEV_MEMORY_TEMP = 82
+NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX = 138
+NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX = 139
+NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_TX = 140
+NVML_FI_DEV_NVLINK_THROUGHPUT_RAW_RX = 141
+NVML_DEVICE_MIG_DISABLE = 0
+NVML_DEVICE_MIG_ENABLE = 1
 NVML_VALUE_TYPE_DOUBLE = 0
 NVML_VALUE_TYPE_UNSIGNED_INT = 1
 NVML_VALUE_TYPE_UNSIGNED_LONG = 2
@@ -136,6 +144,15 @@ class FakeGpu:
     supported_events: int = 0x1F
     errors: dict = field(default_factory=dict)      # function name -> NVML error code
     lost: bool = False
+    nvlinks_down: set = field(default_factory=set)  # links answering NVML_FEATURE_DISABLED
+    nvlink_kib: dict = field(default_factory=dict)  # (link, throughput field id) -> KiB
+    mig_mode: tuple | None = None                   # (current, pending); None: no MIG
+    mig: dict = field(default_factory=dict)         # slot -> FakeGpu of a MIG device
+    instance_ids: tuple | None = None               # (GPU instance, compute instance) of a MIG device
+    process_util: list | None = None                # [(pid, timestamp us, sm %)]; None: unsupported
+    power_constraints_mw: tuple | None = (200_000, 700_000)
+    locked_clocks: dict = field(default_factory=dict)   # "gpu"/"memory" -> (min, max) MHz
+    supported_clocks: dict = field(default_factory=lambda: {2619: [1980, 1755, 1410, 345]})
 
 
 class FakeHandle:
@@ -143,7 +160,7 @@ class FakeHandle:
         self.gpu = gpu
 
 
-class FakeNvml:
+class FakeNvml(MoreNvml):
     NVMLError = NVMLError
 
     def __init__(self, gpus=(), init_error: int | None = None, driver: str = "550.54.15",
@@ -242,12 +259,16 @@ class FakeNvml:
         gpu = self._dev("nvmlDeviceGetFieldValues", h)
         out = []
         for fid in field_ids:
-            v = gpu.memory_temperature if fid == NVML_FI_DEV_MEMORY_TEMP else None
+            # as in the binding: an id, or (id, scope id), the scope being a link
+            fid, scope = fid if isinstance(fid, tuple) else (fid, 0)
+            if fid == NVML_FI_DEV_MEMORY_TEMP:
+                v, vtype = gpu.memory_temperature, NVML_VALUE_TYPE_UNSIGNED_INT
+            else:
+                v, vtype = gpu.nvlink_kib.get((scope, fid)), NVML_VALUE_TYPE_UNSIGNED_LONG_LONG
             out.append(SimpleNamespace(
-                fieldId=fid, scopeId=0, timestamp=0, latencyUsec=0,
-                valueType=NVML_VALUE_TYPE_UNSIGNED_INT,
+                fieldId=fid, scopeId=scope, timestamp=0, latencyUsec=0, valueType=vtype,
                 nvmlReturn=NVML_SUCCESS if v is not None else NVML_ERROR_NOT_SUPPORTED,
-                value=SimpleNamespace(uiVal=v or 0, dVal=float(v or 0))))
+                value=SimpleNamespace(uiVal=v or 0, ullVal=v or 0, dVal=float(v or 0))))
         return out
 
     def nvmlDeviceGetPowerUsage(self, h):
@@ -297,7 +318,7 @@ class FakeNvml:
             raise NVMLError(NVML_ERROR_NOT_SUPPORTED)
         if link not in gpu.nvlinks:
             raise NVMLError(NVML_ERROR_INVALID_ARGUMENT)
-        return NVML_FEATURE_ENABLED
+        return NVML_FEATURE_DISABLED if link in gpu.nvlinks_down else NVML_FEATURE_ENABLED
 
     def nvmlDeviceGetNvLinkErrorCounter(self, h, link, counter):
         gpu = self._dev("nvmlDeviceGetNvLinkErrorCounter", h)

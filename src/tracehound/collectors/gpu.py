@@ -40,6 +40,7 @@ from ..gpu.device import Gpu, GpuSample, enumerate_gpus, read_sample, running_pr
 from ..gpu.events import EventWatcher
 from ..gpu.health import gpu_key, pending_reset
 from ..host.topology import Topology
+from .gpu_links import link_families, process_sm_family
 
 log = logging.getLogger(__name__)
 
@@ -168,6 +169,7 @@ class GpuCollector:
         fams += _sample_families(samples, self._by_index, self._reasons)
         rows, _ = self._process_rows(samples, wl_cache)
         fams += _process_families(rows)
+        fams += [*link_families(samples, self._by_index), process_sm_family(rows, samples)]
         return fams
 
     def observations(self) -> list[dict]:
@@ -191,7 +193,7 @@ class GpuCollector:
                             "uncorrected_ecc": s.uncorrected_ecc(),
                             "row_remap_failure": s.row_remap_failure, "clock_reasons": active,
                             "key": gpu_key(gpu), "ecc_pending": pending_reset(s),
-                            "nvlink_up": getattr(s, "nvlink_up", None),
+                            "nvlink_up": s.nvlink_up, "process_sm": s.process_sm,
                             "processes": self._process_records(s.processes, wl_cache),
                             "misplaced": misplaced.get(gpu.index, {})})
         return out

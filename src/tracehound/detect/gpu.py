@@ -1,5 +1,5 @@
 """GPU anomaly rules: new XID, uncorrectable ECC increase, row-remap failure,
-thermal/power slowdown, GPU lost, NUMA misplacement.
+thermal/power slowdown, GPU lost, NUMA misplacement, an NVLink link gone down.
 
 Each anomaly is one JSON line on the `tracehound.events` logger and one
 increment of tracehound_gpu_anomalies_total{gpu,uuid,kind}. Rules fire on a
@@ -17,7 +17,7 @@ from .. import defaults
 from . import log_event, now_iso
 
 KINDS = ("xid", "ecc_uncorrectable", "row_remap_failure", "thermal_slowdown",
-         "power_slowdown", "hw_slowdown", "gpu_lost", "numa_misplaced")
+         "power_slowdown", "hw_slowdown", "gpu_lost", "numa_misplaced", "nvlink_down")
 # reported by the kernel log only (detect/gpu_kmsg.py); not pre-seeded per GPU
 KERNEL_KINDS = ("sxid", "fallen_off_bus", "init_failed")
 
@@ -48,6 +48,8 @@ class GpuDetector:
         self._slowdowns: dict[tuple[str, str], set[str]] = {}
         self._lost: set[tuple[str, str]] = set()
         self._misplaced: dict[tuple[str, str], set[int]] = {}
+        self._links_up: dict[tuple[str, str], set[int]] = {}     # links seen active
+        self._links_down: dict[tuple[str, str], set[int]] = {}   # of those, inactive now
 
     @staticmethod
     def _key(labels: Labels) -> tuple[str, str]:
@@ -123,6 +125,21 @@ class GpuDetector:
                 self._fire(labels, "numa_misplaced", [proc], **detail)
             self._misplaced[key] = set(misplaced)
 
+    def nvlinks(self, labels: Labels, nvlink_up: dict[int, bool] | None,
+                processes: list[Process] = ()) -> None:
+        """A link seen active that is inactive now fires once per going
+        down; a link never seen active (unused, cabled off) never does."""
+        if nvlink_up is None:
+            return
+        key = self._key(labels)
+        with self._lock:
+            seen = self._links_up.setdefault(key, set())
+            seen.update(link for link, up in nvlink_up.items() if up)
+            down = {link for link in seen if not nvlink_up.get(link, False)}
+            for link in sorted(down - self._links_down.get(key, set())):
+                self._fire(labels, "nvlink_down", processes, link=link)
+            self._links_down[key] = down
+
     name = "gpu_detector"
 
     def collect(self):
@@ -161,3 +178,4 @@ class GpuWatcher:
             self.detector.observe(o["labels"], uncorrected_ecc=o["uncorrected_ecc"],
                                   row_remap_failure=o["row_remap_failure"],
                                   clock_reasons=o["clock_reasons"], processes=o["processes"])
+            self.detector.nvlinks(o["labels"], o.get("nvlink_up"), o["processes"])

@@ -3,10 +3,13 @@ from __future__ import annotations
 
 import logging
 import os
+import time
 from dataclasses import dataclass, field
 
 from ..host.topology import Topology, cpus_from_mask_words, normalize_pci_bus_id
-from .nvml import GpuLost, field_value, is_error, read, text
+from .mig import MigDevice, mig_devices, mig_enabled
+from .nvml import GpuLost, error_code, field_value, is_error, read, text
+from .nvlink import link_states, link_traffic
 
 log = logging.getLogger(__name__)
 
@@ -29,6 +32,10 @@ NVLINK_COUNTERS = (
     ("ecc_data", "NVML_NVLINK_ERROR_DL_ECC_DATA"),
 )
 CLOCKS = (("sm", "NVML_CLOCK_SM"), ("memory", "NVML_CLOCK_MEM"))
+# per-process SM utilization is the mean of NVML's samples this recent; a
+# fixed window (not "since my last read") lets a scrape and the detector read
+# the same GPU without taking each other's samples
+PROCESS_UTIL_WINDOW_S = 10.0
 
 
 @dataclass
@@ -67,6 +74,12 @@ class GpuSample:
     pcie_replays: int | None = None
     nvlink_errors: dict[tuple[int, str], int] = field(default_factory=dict)   # (link, type) ->
     processes: dict[int, int | None] = field(default_factory=dict)     # pid -> used bytes
+    nvlink_up: dict[int, bool] | None = None                            # link -> active
+    nvlink_bytes: dict[tuple[int, str, str], int] = field(default_factory=dict)  # (link, dir, traffic)
+    mig_enabled: bool | None = None
+    mig_devices: list[MigDevice] = field(default_factory=list)
+    # pid -> SM busy ratio; None: NVML gives no per-process utilization here
+    process_sm: dict[int, float] | None = None
 
     def uncorrected_ecc(self) -> int | None:
         """Volatile count where the GPU keeps one (it moves first), else aggregate."""
@@ -141,6 +154,31 @@ def running_processes(nvml, handle) -> dict[int, int | None]:
     return out
 
 
+def process_sm_utilization(nvml, handle, now: float | None = None) -> dict[int, float] | None:
+    """pid -> mean SM utilization (0..1) over the last PROCESS_UTIL_WINDOW_S;
+    {} when no process ran a kernel in it (NOT_FOUND), None when the GPU or
+    the binding has no per-process utilization."""
+    fn = getattr(nvml, "nvmlDeviceGetProcessUtilization", None)
+    if fn is None:
+        return None
+    since = int(((time.time() if now is None else now) - PROCESS_UTIL_WINDOW_S) * 1e6)
+    try:
+        samples = fn(handle, since)
+    except nvml.NVMLError as exc:
+        if is_error(nvml, exc, "NVML_ERROR_GPU_IS_LOST"):
+            raise GpuLost("nvmlDeviceGetProcessUtilization") from None
+        # NOT_FOUND: no sample newer than `since`; the binding raises
+        # NVML_SUCCESS itself when the first call finds nothing to size
+        if is_error(nvml, exc, "NVML_ERROR_NOT_FOUND") or error_code(exc) == 0:
+            return {}
+        return None
+    per_pid: dict[int, list[int]] = {}
+    for sample in samples:
+        if sample.timeStamp >= since:
+            per_pid.setdefault(int(sample.pid), []).append(int(sample.smUtil))
+    return {pid: sum(v) / len(v) / 100.0 for pid, v in per_pid.items()}
+
+
 def read_sample(nvml, gpu: Gpu) -> GpuSample:
     """Read every health field of one GPU. Raises GpuLost; the caller drops
     the partial sample so a vanishing GPU never exports half a scrape."""
@@ -206,6 +244,13 @@ def read_sample(nvml, gpu: Gpu) -> GpuSample:
             v = read(nvml, "nvmlDeviceGetNvLinkErrorCounter", h, link, counter)
             if v is not None:
                 s.nvlink_errors[(link, label)] = int(v)
+    if gpu.nvlinks:
+        s.nvlink_up = link_states(nvml, h, gpu.nvlinks)
+        s.nvlink_bytes = link_traffic(nvml, h, gpu.nvlinks)
 
+    s.mig_enabled = mig_enabled(nvml, h)
+    if s.mig_enabled:
+        s.mig_devices = mig_devices(nvml, h)
     s.processes = running_processes(nvml, h)
+    s.process_sm = process_sm_utilization(nvml, h)
     return s

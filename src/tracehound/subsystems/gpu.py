@@ -21,7 +21,9 @@ from .base import DoctorReport, Subsystem, check_line
 
 class GpuBusy:
     """GPU busy seconds of each process holding a GPU context, for the stall
-    detector: its GPUs' utilization times the time between two of the GPU
+    detector: the process's own SM utilization where NVML gives it per
+    process (else its GPUs' whole utilization, which a busy neighbour on a
+    shared GPU would lend it) times the time between two of the GPU
     detector's looks. A process on a GPU whose utilization NVML does not give
     is `unmeasured`: the stall rule cannot judge its work."""
 
@@ -38,9 +40,10 @@ class GpuBusy:
         seconds: dict[int, float] = {}
         unmeasured = set()
         for o in observations:
-            ratio = o.get("utilization")
+            per_pid = o.get("process_sm")
             for proc in o.get("processes", ()):
                 pid = proc["pid"]
+                ratio = o.get("utilization") if per_pid is None else per_pid.get(pid, 0.0)
                 if ratio is None:
                     unmeasured.add(pid)
                 else:
