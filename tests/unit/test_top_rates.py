@@ -193,6 +193,21 @@ def test_panels_absent_are_none_present_are_rows():
     assert gpu.xids == {"79": 3} and gpu.xid_errors_per_second == 1
 
 
+def test_xids_from_the_kernel_log_alone():
+    def xids(n):
+        fam = CounterMetricFamily("tracehound_gpu_xid_errors", "",
+                                  labels=["gpu", "uuid", "model", "pci_bus_id", "xid"])
+        if n:
+            fam.add_metric(["", "", "", "0000:ff:00.0", "48"], n)
+        return [fam]
+
+    # every agent exports the family; none counted is no GPU panel
+    assert two_scrapes([], [], extra_before=xids(0), extra_after=xids(0)).gpus is None
+    snap = two_scrapes([], [], extra_before=xids(1), extra_after=xids(2), seconds=1)
+    (gpu,) = snap.gpus
+    assert gpu.gpu == "0000:ff:00.0" and gpu.xids == {"48": 2}
+
+
 def test_scrapes_must_be_in_order():
     prev = parse_metrics(exposition([]), 10.0)
     with pytest.raises(ValueError):

@@ -51,7 +51,8 @@ def gpu_rows(temperatures: Optional[Series], clock_events: Optional[Series],
 
     def row(labels) -> GpuRow:
         node = labels.get(node_label, "") if node_label else ""
-        key = (node, labels.get("gpu", ""))
+        # a GPU only the kernel log knows (no NVML) is named by its bus id
+        key = (node, labels.get("gpu") or labels.get("pci_bus_id", ""))
         r = rows.get(key)
         if r is None:
             r = rows[key] = GpuRow(key[1], node=node)

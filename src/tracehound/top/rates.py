@@ -169,6 +169,7 @@ def snapshot(prev: Scrape, cur: Scrape, source: str) -> Snapshot:
         gpus=gpu_rows(
             present("tracehound_gpu_temperature_celsius", "tracehound_gpu_temperature_celsius"),
             present("tracehound_gpu_clock_event_active", "tracehound_gpu_clock_event_active"),
-            present("tracehound_gpu_xid_errors", "tracehound_gpu_xid_errors_total"),
+            # every agent reads XIDs from the kernel log: only one counted makes a panel
+            present("tracehound_gpu_xid_errors", "tracehound_gpu_xid_errors_total") or None,
             rates_of("tracehound_gpu_xid_errors_total")),
         interval_seconds=seconds)
