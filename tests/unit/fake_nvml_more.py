@@ -14,6 +14,13 @@ class MoreNvml:
             raise self.NVMLError(self.NVML_ERROR_INVALID_ARGUMENT)    # not a MIG handle
         return gpu.instance_ids
 
+    def nvmlDeviceGetHandleByUUID(self, uuid):
+        uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+        for h in self.handles:
+            if h.gpu.uuid == uuid:
+                return h
+        raise self.NVMLError(self.NVML_ERROR_NOT_FOUND)
+
     # -- MIG ---------------------------------------------------------------
 
     def nvmlDeviceGetMigMode(self, h):

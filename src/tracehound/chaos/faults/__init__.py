@@ -14,7 +14,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
-FAULT_MODULES = ("io", "net", "proc", "rdma", "gpu", "gpu_xid")
+FAULT_MODULES = ("io", "net", "proc", "rdma", "gpu", "gpu_xid", "gpu_nvml")
 
 
 class FaultError(Exception):
