@@ -51,6 +51,17 @@ def test_same_source_never_pairs_and_the_window_ends_pairing(clock):
     assert ledger.counts()[(PCI, 31)] == 3
 
 
+def test_a_line_logged_long_ago_never_pairs_with_a_new_nvml_report(clock):
+    ledger = XidLedger(window_s=5, clock=clock)
+    # read back from the ring at start-up: logged an hour ago
+    assert ledger.report("kmsg", PCI, 79, at=clock.t - 3600)
+    assert ledger.report("nvml", PCI, 79)
+    # a line logged now, read a moment after NVML's report, is that XID
+    clock.t += 0.5
+    assert not ledger.report("kmsg", PCI, 79, at=clock.t - 0.4)
+    assert ledger.counts() == {(PCI, 79): 2}
+
+
 def test_different_gpus_numbers_and_unknown_gpus_never_pair(clock):
     ledger = XidLedger(window_s=5, clock=clock)
     ledger.report("nvml", PCI, 79)

@@ -313,6 +313,16 @@ def test_lines_logged_while_running_are_seen_and_not_repeated(state):
     with Run(ring, state) as r2:
         pass
     assert r1.numbers() == [31, 43] and r2.events == []
+    assert [e.replayed for e in r1.events] == [False, False]
+
+
+def test_what_the_ring_held_at_start_is_marked_replayed(state):
+    ring = FakeRing()
+    ring.log(xid(79))
+    with Run(ring, state) as r:
+        ring.log(xid(13))
+        assert wait_for(lambda: len(r.events) == 2)
+    assert [(e.number, e.replayed) for e in r.events] == [(79, True), (13, False)]
 
 
 def test_reboot_seen_by_a_new_boot_id(state):

@@ -23,8 +23,8 @@ from .test_gpu_health import Clock
 PCI = "0000:3b:00.0"
 
 
-def line(text: str, usec: int | None = None):
-    return replace(parse_gpu_line(text), usec=usec)
+def line(text: str, usec: int | None = None, replayed: bool = False):
+    return replace(parse_gpu_line(text), usec=usec, replayed=replayed)
 
 
 def scrape(*collectors) -> dict:
@@ -134,8 +134,9 @@ def test_sxid_fallen_off_bus_and_init_failures_count_and_raise_events():
 def test_health_gauge_and_events_for_a_fatal_xid_until_the_window_passes():
     clock = Clock(5000.0)
     hub, events, col = hub_only(clock, window=60)
-    # logged 10 s ago by the kernel's clock
-    hub.kernel_event(line("NVRM: Xid (PCI:0000:3b:00): 95, Uncontained", usec=int(4990e6)))
+    # read back from the ring at start-up, logged 10 s ago by the kernel's clock
+    hub.kernel_event(line("NVRM: Xid (PCI:0000:3b:00): 95, Uncontained", usec=int(4990e6),
+                          replayed=True))
     hub.run_once(clock.t)
     f = scrape(col)
     assert value(f, "tracehound_gpu_health", pci_bus_id=PCI, condition="recent_fatal_xid") == 1
@@ -151,6 +152,20 @@ def test_health_gauge_and_events_for_a_fatal_xid_until_the_window_passes():
         ("recent_fatal_xid", "active"), ("recent_fatal_xid", "cleared")]
     assert health[1]["xid"] == 95 and health[1]["pci_bus_id"] == PCI
     assert events.items[0]["uptime_seconds"] == 4990.0      # when the kernel logged it
+
+
+def test_a_line_read_live_is_timed_by_its_arrival_not_the_kernel_clock():
+    clock = Clock(5000.0)
+    hub, _, col = hub_only(clock, window=60)
+    # the kernel's clock drifted 300 s behind: the line is still news, and pairs
+    hub.kernel_event(line("NVRM: Xid (PCI:0000:3b:00): 48, x", usec=int(4700e6)))
+    assert value(scrape(col), "tracehound_gpu_health", condition="recent_fatal_xid") == 1
+    assert not hub.ledger.report("nvml", PCI, 48)
+    # an old line read back at start-up is history
+    hub.kernel_event(line("NVRM: Xid (PCI:0000:3c:00): 48, x", usec=int(4700e6), replayed=True))
+    assert value(scrape(col), "tracehound_gpu_health", pci_bus_id="0000:3c:00.0",
+                 condition="recent_fatal_xid") == 0
+    assert hub.ledger.report("nvml", "0000:3c:00.0", 48)
 
 
 def test_nvml_observations_feed_health_through_the_hub():

@@ -98,14 +98,18 @@ class GpuKernelLog:
                           **kernel_event_info("xid", xid))
 
     def kernel_event(self, e: GpuKernelEvent) -> None:
-        # when the kernel logged it (CLOCK_MONOTONIC-like seconds since boot):
-        # on the event, so a line replayed from the ring at start-up reads as old
-        at = e.usec / 1e6 if e.usec is not None else None
-        logged = {"uptime_seconds": round(at, 6)} if at is not None else {}
+        # The kernel's timestamp (its sched clock, seconds since boot) is on
+        # the event, so a line read back from the ring at start-up reads as
+        # old. Rules time a line read live by its arrival: the sched clock can
+        # drift from CLOCK_MONOTONIC by minutes over a long uptime, too much for
+        # pairing NVML reports a moment apart; for replayed lines it only has
+        # to tell old from recent.
+        logged = {"uptime_seconds": round(e.usec / 1e6, 6)} if e.usec is not None else {}
+        at = e.usec / 1e6 if e.replayed and e.usec is not None else None
         labels = self.identity(e.pci)     # a line naming no bus id: "unknown", as NVML's
         driver = self._driver_process(e)
         if e.kind == "xid":
-            if not self.ledger.report("kmsg", e.pci, e.number):
+            if not self.ledger.report("kmsg", e.pci, e.number, at):
                 return
             self._counted(e.pci, e.number, at)
             extra = {}

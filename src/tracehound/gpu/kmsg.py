@@ -24,6 +24,7 @@ Events (GpuKernelEvent), one per recognised driver line:
   gpu_instance   the MIG GPU instance an XID names ("GPU-I:05"), else None
   detail    the driver's text after the fields above
   message   the whole line; seq/usec: the kernel record it came from
+  replayed  True for a record the ring held when the watcher started
 
 Counters (plain int attributes, monotonic for the watcher's life):
   records_read   kernel records read (all of them, not only GPU lines)
@@ -313,6 +314,7 @@ class KmsgWatcher:
         self.gpu_events += 1
         if self.on_event is not None:
             try:
-                self.on_event(replace(event, seq=rec.seq, usec=rec.usec))
+                self.on_event(replace(event, seq=rec.seq, usec=rec.usec,
+                                      replayed=not self._caught_up.is_set()))
             except Exception:  # a bad handler must not end the watcher
                 log.exception("handling kernel GPU event")

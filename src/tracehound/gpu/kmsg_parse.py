@@ -70,6 +70,9 @@ class GpuKernelEvent:
     detail: str = ""
     seq: int | None = None
     usec: int | None = None
+    # read back from the ring at start-up (logged before the reader started),
+    # not read live as the kernel logged it
+    replayed: bool = False
 
 
 _HEX = "[0-9a-fA-F]"

@@ -14,7 +14,10 @@ Consequences, by design:
   - a report whose GPU is unknown (an NVML event for a handle the agent did
     not enumerate) has no key to pair by and always counts;
   - when one source misses a report (a kernel ring overrun), the other
-    still counts it; two different XIDs never pair.
+    still counts it; two different XIDs never pair;
+  - a report says when it happened where it knows (`at`: the kernel log's
+    timestamp): a line read back from the ring at start-up, logged long
+    before, is its own XID and never swallows a new NVML report.
 
 Interface::
 
@@ -50,27 +53,29 @@ class XidLedger:
         # (key, xid) -> unpaired counted reports, oldest first: (source, time)
         self._pending: dict[tuple[str, int], deque] = {}
 
-    def report(self, source: str, key: str | None, xid: int) -> bool:
-        """True when this report is a new XID (count it, raise the event)."""
+    def report(self, source: str, key: str | None, xid: int, at: float | None = None) -> bool:
+        """True when this report is a new XID (count it, raise the event).
+        `at`: when it happened on the clock's time base, if the source says."""
         now = self.clock()
+        t = now if at is None else min(at, now)
         with self._lock:
-            if key is not None and self._pair(source, (key, xid), now):
+            if key is not None and self._pair(source, (key, xid), t, now):
                 self._dups[source] = self._dups.get(source, 0) + 1
                 return False
             self._counts[(key, xid)] = self._counts.get((key, xid), 0) + 1
-            if key is not None:
+            if key is not None and now - t <= self.window_s:
                 self._pending.setdefault((key, xid), deque(maxlen=MAX_PENDING)).append(
-                    (source, now))
+                    (source, t))
             return True
 
-    def _pair(self, source: str, k: tuple[str, int], now: float) -> bool:
+    def _pair(self, source: str, k: tuple[str, int], t: float, now: float) -> bool:
         q = self._pending.get(k)
         if not q:
             return False
         while q and now - q[0][1] > self.window_s:
             q.popleft()
-        for i, (other, _) in enumerate(q):
-            if other != source:
+        for i, (other, when) in enumerate(q):
+            if other != source and abs(t - when) <= self.window_s:
                 del q[i]
                 break
         else:
