@@ -302,21 +302,6 @@ def test_nccl_job_gets_the_overrides_and_is_ended(tmp_path):
     assert marked_pids("t11") == []
 
 
-def test_dcgm_injection_uses_dcgmi(tmp_path, monkeypatch):
-    log = tmp_path / "calls"
-    script = tmp_path / "dcgmi"
-    script.write_text(f'#!/bin/sh\necho "$@" >> {log}\n')
-    script.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{tmp_path}:{os.environ['PATH']}")
-    fault = catalog.get("gpu.dcgm_inject")
-    prepared = fault.prepare(fault.with_defaults({"field": 230, "value": 79, "restore": 0}),
-                             "t12")
-    fault.apply(prepared.state)
-    fault.rollback(prepared.state)
-    assert log.read_text().splitlines() == ["test --inject --gpuid 0 -f 230 -v 79",
-                                            "test --inject --gpuid 0 -f 230 -v 0"]
-
-
 def test_nccl_is_available_only_with_an_nvidia_driver(tmp_path, monkeypatch):
     from tracehound.chaos.faults import gpu
     fault = catalog.get("gpu.nccl")

@@ -14,7 +14,7 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any
 
-FAULT_MODULES = ("io", "net", "proc", "rdma", "gpu", "gpu_xid", "gpu_nvml")
+FAULT_MODULES = ("io", "net", "proc", "rdma", "gpu", "gpu_xid", "gpu_nvml", "gpu_dcgm")
 
 
 class FaultError(Exception):

@@ -1,5 +1,5 @@
 """GPU faults: burn (matmul loop with a result check), memory exhaustion,
-DCGM field injection, NCCL misconfiguration of a launched job.
+NCCL misconfiguration of a launched job (DCGM injection: gpu_dcgm.py).
 
 Burn and memory run in a child process (python -m this module) carrying the
 fault's marker in its environment, so a rollback, or a recovery after a
@@ -18,7 +18,7 @@ import time
 
 from . import Arg, Availability, Detection, Fault, FaultError, Prepared
 from .proc import MARKER, kill_marked
-from .targets import cgroup_dir, check_cgroup_path, run_cmd
+from .targets import cgroup_dir, check_cgroup_path
 
 NCCL_MODES = {
     "ib_disable": {"NCCL_IB_DISABLE": "1"},
@@ -199,45 +199,6 @@ class GpuMemory(_GpuChild):
                          note="frame-buffer memory in use grows by more than 100 MB")
 
 
-class DcgmInject(Fault):
-    name = "gpu.dcgm_inject"
-    summary = "inject a DCGM field value (dcgmi test --inject)"
-    where = "gpu"
-    args = {"gpu": Arg(int, "GPU id in DCGM", default=0, minimum=0),
-            "field": Arg(int, "DCGM field id (e.g. 230 = XID errors)", required=True),
-            "value": Arg((int, float, str), "value to inject", required=True),
-            "restore": Arg((int, float, str), "value injected on rollback (DCGM cannot "
-                                              "clear an injected value)", required=True)}
-
-    def availability(self):
-        if shutil.which("dcgmi"):
-            return Availability(True)
-        return Availability(False, "dcgmi (DCGM) is not installed here")
-
-    def prepare(self, args, fault_id):
-        if not shutil.which("dcgmi"):
-            raise FaultError("not available here: dcgmi (DCGM) is not installed")
-        return Prepared([f"DCGM gpu {args['gpu']} field {args['field']}"],
-                        {"gpu": args["gpu"], "field": args["field"], "value": args["value"],
-                         "restore": args["restore"]})
-
-    def _inject(self, state, value):
-        run_cmd(["dcgmi", "test", "--inject", "--gpuid", str(state["gpu"]), "-f",
-                 str(state["field"]), "-v", str(value)])
-
-    def apply(self, state):
-        self._inject(state, state["value"])
-        return None
-
-    def rollback(self, state):
-        self._inject(state, state["restore"])
-        return None
-
-    def detection(self, args, state=None):
-        return Detection(note="tracehound reads NVML, not DCGM: injected DCGM values are "
-                              "visible only to DCGM consumers")
-
-
 NVIDIA_DRIVER = "/proc/driver/nvidia/version"
 
 
@@ -303,7 +264,7 @@ class NcclFault(Fault):
             "job_stalled event once --stall-after passes)")
 
 
-FAULTS = [GpuBurn(), GpuMemory(), DcgmInject(), NcclFault()]
+FAULTS = [GpuBurn(), GpuMemory(), NcclFault()]
 
 
 def main(argv: list[str]) -> int:
