@@ -40,7 +40,7 @@ from ..gpu.device import Gpu, GpuSample, enumerate_gpus, read_sample, running_pr
 from ..gpu.events import EventWatcher
 from ..gpu.health import gpu_key, pending_reset
 from ..host.topology import Topology
-from .gpu_links import link_families, process_sm_family
+from .gpu_links import link_families, nic_affinity_family, process_sm_family
 
 log = logging.getLogger(__name__)
 
@@ -169,7 +169,8 @@ class GpuCollector:
         fams += _sample_families(samples, self._by_index, self._reasons)
         rows, _ = self._process_rows(samples, wl_cache)
         fams += _process_families(rows)
-        fams += [*link_families(samples, self._by_index), process_sm_family(rows, samples)]
+        fams += [*link_families(samples, self._by_index), process_sm_family(rows, samples),
+                 nic_affinity_family(rows, self.topology)]
         return fams
 
     def observations(self) -> list[dict]:

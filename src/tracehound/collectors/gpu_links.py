@@ -5,7 +5,9 @@ from __future__ import annotations
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from ..gpu.affinity import Affinity
 from ..gpu.device import Gpu, GpuSample
+from ..host.topology import Topology
 
 MIG_LABELS = ["gpu_instance", "compute_instance", "mig_uuid"]
 
@@ -68,4 +70,26 @@ def process_sm_family(rows, samples: dict[int, GpuSample]) -> GaugeMetricFamily:
         if per_pid is not None:
             fam.add_metric([*_values(gpu), str(pid), *(wl.get(k, "") for k in keys)],
                            per_pid.get(pid, 0.0))
+    return fam
+
+
+def nic_affinity_family(rows, topology: Topology) -> GaugeMetricFamily:
+    """Per GPU process and RDMA NIC it holds open: 1 when the NIC sits on
+    another NUMA node than the GPU (each GPUDirect transfer crosses the
+    inter-socket link), with the PCIe relation of the two as a label. It
+    extends tracehound_gpu_numa_misplaced (the process's CPUs and memory
+    against its GPU) to the third party of a transfer."""
+    names = _names(rows[0][0]) if rows else ["gpu", "uuid", "model"]
+    keys = sorted({k for row in rows for k in row[3]})
+    affinity = Affinity(topology) if rows else None
+    fam = GaugeMetricFamily("tracehound_gpu_process_nic_misplaced",
+                            "1 when an RDMA NIC a GPU process uses is on another NUMA node "
+                            "than its GPU; relation: pcie_switch, host_bridge, numa_node, "
+                            "cross_numa or unknown.",
+                            labels=[*names, "pid", *keys, "nic", "relation"])
+    for gpu, pid, _used, wl, _verdict in rows:
+        for nic in affinity.nics_of(pid):
+            relation = affinity.relation(gpu.pci_bus_id, gpu.numa_node, nic)
+            fam.add_metric([*_values(gpu), str(pid), *(wl.get(k, "") for k in keys), nic.name,
+                            relation], int(relation == "cross_numa"))
     return fam
