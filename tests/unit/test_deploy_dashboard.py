@@ -126,6 +126,9 @@ def test_dashboard_covers_io_rdma_gpu_and_agent_health():
             "tracehound_workload_info", "tracehound_rdma_app_objects",
             "tracehound_rdma_app_verb_errors_total", "tracehound_rdma_port_counter_total",
             "tracehound_rdma_port_hw_counter_total", "tracehound_rdma_port_state_id"} <= used
+    assert {"tracehound_gpu_nvlink_up", "tracehound_gpu_nvlink_bytes_total",
+            "tracehound_gpu_process_sm_utilization_ratio", "tracehound_gpu_mig_memory_used_bytes",
+            "tracehound_gpu_process_nic_misplaced"} <= used
 
 
 def test_rdma_panels_of_the_selected_jobs_filter_by_job_and_pod():
