@@ -43,6 +43,7 @@ class Affinity:
         self.topo = topo
         self.nics: dict[str, RdmaNic] = {}
         self._uverbs: dict[str, str] = {}       # uverbsN -> RDMA device
+        self._held: dict[int, list[RdmaNic]] = {}   # pid -> its NICs, once per scrape
         base = os.path.join(topo.root, "sys/class/infiniband")
         for name in _listdir(base):
             dev = os.path.join(base, name, "device")
@@ -57,9 +58,15 @@ class Affinity:
                 self._uverbs[uv] = ibdev.strip()
 
     def nics_of(self, pid: int) -> list[RdmaNic]:
-        """The RDMA devices the process holds open, by name."""
+        """The RDMA devices the process holds open, by name (a process on
+        several GPUs has its fds read once)."""
         if not self._uverbs:
             return []
+        if pid not in self._held:
+            self._held[pid] = self._scan(pid)
+        return self._held[pid]
+
+    def _scan(self, pid: int) -> list[RdmaNic]:
         fd_dir = os.path.join(self.topo.root, "proc", str(pid), "fd")
         found = set()
         for fd in _listdir(fd_dir):
