@@ -51,7 +51,7 @@ def _gpu_availability() -> Availability:
     return Availability(True, f"{name} with a CUDA device")
 
 
-def _write(path: str, data: dict) -> None:
+def write_result(path: str, data: dict) -> None:
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(data, f)
@@ -86,9 +86,9 @@ def burn(device: int, seconds: float, size: int, result_path: str) -> dict:
         if not lib.allclose(c, reference, rtol=1e-5, atol=1e-5):
             result["mismatches"] += 1
         if time.monotonic() - last_write > 1.0:
-            _write(result_path, result)
+            write_result(result_path, result)
             last_write = time.monotonic()
-    _write(result_path, result)
+    write_result(result_path, result)
     return result
 
 
@@ -109,13 +109,13 @@ def hold_memory(device: int, nbytes: int | None, fraction: float, result_path: s
         want = nbytes if nbytes else int(free * fraction)
         block = lib.ones(want, dtype=lib.uint8)
     result = {"backend": name, "device": device, "bytes_held": want, "free_before": free}
-    _write(result_path, result)
+    write_result(result_path, result)
     time.sleep(seconds)
     del block
     return result
 
 
-class _GpuChild(Fault):
+class ChildFault(Fault):
     """A fault carried out by a child process that rollback ends."""
     where = "gpu"
 
@@ -155,7 +155,7 @@ class _GpuChild(Fault):
         return None
 
 
-class GpuBurn(_GpuChild):
+class GpuBurn(ChildFault):
     name = "gpu.burn"
     summary = "matmul loop on one GPU with a result check (PyTorch or CuPy)"
     destructive = False
@@ -175,7 +175,7 @@ class GpuBurn(_GpuChild):
                          note="GPU utilization above 90%")
 
 
-class GpuMemory(_GpuChild):
+class GpuMemory(ChildFault):
     name = "gpu.memory"
     summary = "allocate and hold most of a GPU's free memory"
     args = {"device": Arg(int, "CUDA device index", default=0, minimum=0),

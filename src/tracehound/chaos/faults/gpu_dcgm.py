@@ -22,8 +22,8 @@ import sys
 import tempfile
 import time
 
-from . import Arg, Availability, Detection, Fault, FaultError, Prepared
-from .proc import MARKER, kill_marked
+from . import Arg, Availability, Detection, FaultError, Prepared
+from .gpu import ChildFault, write_result
 from .targets import run_cmd
 
 # DCGM field id -> dcgm-exporter metric, for the fields worth injecting
@@ -70,10 +70,11 @@ def inject(gpu: int, field: int, value) -> None:
              "-v", str(value)])
 
 
-class DcgmInject(Fault):
+class DcgmInject(ChildFault):
+    """The re-injecting child is a ChildFault's: marked, observed through
+    its result file, ended by rollback."""
     name = "gpu.dcgm_inject"
     summary = "inject a DCGM field value and hold it (dcgmi test --inject, re-injected)"
-    where = "gpu"
     args = {"gpu": Arg(int, "GPU id in DCGM", default=0, minimum=0),
             "field": Arg(int, "DCGM field id (e.g. 230 = XID errors)", required=True,
                          minimum=1),
@@ -103,38 +104,22 @@ class DcgmInject(Fault):
                 raise FaultError(f"DCGM has no value of field {args['field']} on GPU "
                                  f"{args['gpu']} to put back: give restore")
         result = os.path.join(tempfile.gettempdir(), f"tracehound-chaos-{fault_id}.json")
+        params = {"gpu": args["gpu"], "field": args["field"], "value": args["value"],
+                  "interval": args["interval"], "seconds": args["seconds"], "result": result}
         return Prepared([f"DCGM gpu {args['gpu']} field {args['field']}"],
-                        {"gpu": args["gpu"], "field": args["field"], "value": args["value"],
-                         "restore": restore, "interval": args["interval"],
-                         "seconds": args["seconds"], "marker": fault_id, "result": result},
+                        {**params, "restore": restore, "marker": fault_id, "result": result,
+                         "argv": [sys.executable, "-m", __name__, json.dumps(params)]},
                         notes=[NOT_VISIBLE])
 
     def apply(self, state):
+        # once here, so a refused injection fails the step; the child holds it after
         inject(state["gpu"], state["field"], state["value"])
-        params = {k: state[k] for k in ("gpu", "field", "value", "interval", "seconds",
-                                        "result")}
-        proc = subprocess.Popen([sys.executable, "-m", __name__, json.dumps(params)],
-                                env=dict(os.environ, **{MARKER: state["marker"]}),
-                                start_new_session=True, stdin=subprocess.DEVNULL,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        return {"pid": proc.pid}
-
-    def observe(self, state):
-        try:
-            with open(state["result"]) as f:
-                return json.load(f)
-        except (OSError, ValueError):
-            return {}
+        return super().apply(state)
 
     def rollback(self, state):
         # the child first: a re-injection after the restore would undo it
-        kill_marked(state["marker"], state.get("pid"))
+        super().rollback(state)
         inject(state["gpu"], state["field"], state["restore"])
-        for path in (state["result"], state["result"] + ".tmp"):
-            try:
-                os.unlink(path)
-            except FileNotFoundError:
-                pass
         return None
 
     def detection(self, args, state=None):
@@ -169,10 +154,7 @@ def reinject(gpu: int, field: int, value, interval: float, seconds: float, resul
             count += 1
         except FaultError:
             pass        # one refused injection (engine busy) is retried next time
-        tmp = result + ".tmp"
-        with open(tmp, "w") as f:
-            json.dump({"reinjections": count}, f)
-        os.replace(tmp, result)
+        write_result(result, {"reinjections": count})
         slot = max(slot + 1, int((clock() - start) / interval) + 1)
 
 
