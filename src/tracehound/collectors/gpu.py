@@ -40,7 +40,7 @@ from ..gpu.device import Gpu, GpuSample, enumerate_gpus, read_sample, running_pr
 from ..gpu.events import EventWatcher
 from ..gpu.health import gpu_key, pending_reset
 from ..host.topology import Topology
-from .gpu_links import link_families, nic_affinity_family, process_sm_family
+from .gpu_links import link_families, process_families
 
 log = logging.getLogger(__name__)
 
@@ -168,9 +168,8 @@ class GpuCollector:
         fams = [*self._identity_families(samples), *self._event_families()]
         fams += _sample_families(samples, self._by_index, self._reasons)
         rows, _ = self._process_rows(samples, wl_cache)
-        fams += _process_families(rows)
-        fams += [*link_families(samples, self._by_index), process_sm_family(rows, samples),
-                 nic_affinity_family(rows, self.topology)]
+        fams += [*process_families(rows, samples, self.topology),
+                 *link_families(samples, self._by_index)]
         return fams
 
     def observations(self) -> list[dict]:
@@ -262,27 +261,6 @@ class GpuCollector:
                             "mem_numa_nodes": sorted(placement.mems)})
                 rows.append((gpu, pid, used, wl, verdict))
         return rows, misplaced_by_gpu
-
-
-def _process_families(rows):
-    keys = sorted({k for row in rows for k in row[3]})
-    labels = [*GPU_LABELS, "pid", *keys]
-    info = GaugeMetricFamily("tracehound_gpu_process_info",
-                             "1 for each process holding a GPU context, with its workload.",
-                             labels=labels)
-    used_fam = GaugeMetricFamily("tracehound_gpu_process_memory_used_bytes",
-                                 "GPU memory a process uses.", labels=labels)
-    mis = GaugeMetricFamily("tracehound_gpu_numa_misplaced",
-                            "1 when a GPU process may run or allocate only on NUMA nodes "
-                            "other than its GPU's.", labels=labels)
-    for gpu, pid, used, wl, verdict in rows:
-        lv = [*_lv(gpu), str(pid), *(wl.get(k, "") for k in keys)]
-        info.add_metric(lv, 1)
-        if used is not None:
-            used_fam.add_metric(lv, used)
-        if verdict is not None:
-            mis.add_metric(lv, int(verdict))
-    return [info, used_fam, mis]
 
 
 def _lv(gpu: Gpu) -> list[str]:

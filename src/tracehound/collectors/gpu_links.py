@@ -1,6 +1,7 @@
-"""Metric families of NVLink state and traffic, MIG devices and per-process
-SM utilization, built from the samples collectors/gpu.py reads (kept apart
-so that module stays about identities, health fields and processes)."""
+"""Metric families of NVLink state and traffic, MIG devices and GPU
+processes (memory, NUMA placement, SM utilization, RDMA NICs), built from
+the samples collectors/gpu.py reads (kept apart so that module stays about
+reading, identities, health fields and events)."""
 from __future__ import annotations
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
@@ -56,40 +57,44 @@ def link_families(samples: dict[int, GpuSample], by_index: dict[int, Gpu]) -> li
     return [up, traffic, mode, mig_used, mig_total, mig_util]
 
 
-def process_sm_family(rows, samples: dict[int, GpuSample]) -> GaugeMetricFamily:
-    """rows as collectors/gpu.py's _process_rows gives them, labelled like
-    tracehound_gpu_process_memory_used_bytes; a process that ran no kernel in
-    NVML's window is 0, a GPU without per-process utilization exports none."""
+def process_families(rows, samples: dict[int, GpuSample], topology: Topology) -> list:
+    """The per-process families, from collectors/gpu.py's _process_rows:
+    (gpu, pid, used bytes, workload labels, NUMA-misplaced verdict or None).
+    Every family carries the same labels: GPU, pid, then the workload's."""
     names = _names(rows[0][0]) if rows else ["gpu", "uuid", "model"]
     keys = sorted({k for row in rows for k in row[3]})
-    fam = GaugeMetricFamily("tracehound_gpu_process_sm_utilization_ratio",
-                            "Share of the GPU's SM time a process used, mean over NVML's "
-                            "last 10 s of samples.", labels=[*names, "pid", *keys])
-    for gpu, pid, _used, wl, _verdict in rows:
-        per_pid = samples[gpu.index].process_sm
-        if per_pid is not None:
-            fam.add_metric([*_values(gpu), str(pid), *(wl.get(k, "") for k in keys)],
-                           per_pid.get(pid, 0.0))
-    return fam
-
-
-def nic_affinity_family(rows, topology: Topology) -> GaugeMetricFamily:
-    """Per GPU process and RDMA NIC it holds open: 1 when the NIC sits on
-    another NUMA node than the GPU (each GPUDirect transfer crosses the
-    inter-socket link), with the PCIe relation of the two as a label. It
-    extends tracehound_gpu_numa_misplaced (the process's CPUs and memory
-    against its GPU) to the third party of a transfer."""
-    names = _names(rows[0][0]) if rows else ["gpu", "uuid", "model"]
-    keys = sorted({k for row in rows for k in row[3]})
-    affinity = Affinity(topology) if rows else None
-    fam = GaugeMetricFamily("tracehound_gpu_process_nic_misplaced",
+    labels = [*names, "pid", *keys]
+    info = GaugeMetricFamily("tracehound_gpu_process_info",
+                             "1 for each process holding a GPU context, with its workload.",
+                             labels=labels)
+    used_fam = GaugeMetricFamily("tracehound_gpu_process_memory_used_bytes",
+                                 "GPU memory a process uses.", labels=labels)
+    mis = GaugeMetricFamily("tracehound_gpu_numa_misplaced",
+                            "1 when a GPU process may run or allocate only on NUMA nodes "
+                            "other than its GPU's.", labels=labels)
+    # a process that ran no kernel in NVML's window is 0; a GPU without
+    # per-process utilization exports none
+    sm = GaugeMetricFamily("tracehound_gpu_process_sm_utilization_ratio",
+                           "Share of the GPU's SM time a process used, mean over NVML's "
+                           "last 10 s of samples.", labels=labels)
+    # tracehound_gpu_numa_misplaced judges the process's CPUs and memory
+    # against its GPU; this judges the third party of a GPUDirect transfer
+    nic = GaugeMetricFamily("tracehound_gpu_process_nic_misplaced",
                             "1 when an RDMA NIC a GPU process uses is on another NUMA node "
                             "than its GPU; relation: pcie_switch, host_bridge, numa_node, "
-                            "cross_numa or unknown.",
-                            labels=[*names, "pid", *keys, "nic", "relation"])
-    for gpu, pid, _used, wl, _verdict in rows:
-        for nic in affinity.nics_of(pid):
-            relation = affinity.relation(gpu.pci_bus_id, gpu.numa_node, nic)
-            fam.add_metric([*_values(gpu), str(pid), *(wl.get(k, "") for k in keys), nic.name,
-                            relation], int(relation == "cross_numa"))
-    return fam
+                            "cross_numa or unknown.", labels=[*labels, "nic", "relation"])
+    affinity = Affinity(topology) if rows else None
+    for gpu, pid, used, wl, verdict in rows:
+        lv = [*_values(gpu), str(pid), *(wl.get(k, "") for k in keys)]
+        info.add_metric(lv, 1)
+        if used is not None:
+            used_fam.add_metric(lv, used)
+        if verdict is not None:
+            mis.add_metric(lv, int(verdict))
+        per_pid = samples[gpu.index].process_sm
+        if per_pid is not None:
+            sm.add_metric(lv, per_pid.get(pid, 0.0))
+        for card in affinity.nics_of(pid):
+            relation = affinity.relation(gpu.pci_bus_id, gpu.numa_node, card)
+            nic.add_metric([*lv, card.name, relation], int(relation == "cross_numa"))
+    return [info, used_fam, mis, sm, nic]
