@@ -106,6 +106,19 @@ def test_recover_restores_the_limit_after_a_crash(nvml, tmp_path, capsys):
     assert nvml.gpus[0].power_limit_mw == 650_000
 
 
+def test_recover_unlocks_the_clocks_after_a_crash(nvml, tmp_path, capsys):
+    fault, p = planned("gpu.clock_lock", {"device": 1, "min_mhz": 345, "max_mhz": 1410})
+    j = journal_mod.Journal(str(tmp_path), "r2", "clock lock", "f")
+    j.fault("r2-1", "lock", "gpu.clock_lock", {}, p.state, p.targets)
+    fault.apply(p.state)
+    j.applied("r2-1", None)
+    j.close()
+    assert nvml.gpus[1].locked_clocks == {"gpu": (345, 1410)}
+    assert cli.main(["chaos", "recover", "--journal", str(tmp_path)]) == 0
+    assert "clocks reset to the driver default" in capsys.readouterr().out
+    assert nvml.gpus[1].locked_clocks == {} and nvml.gpus[0].locked_clocks == {}
+
+
 def test_no_driver_is_not_available(monkeypatch):
     fake = FakeNvml([], init_error=fn.NVML_ERROR_DRIVER_NOT_LOADED)
     monkeypatch.setattr(gpu_nvml, "load_nvml", lambda: (fake, ""))
