@@ -70,6 +70,18 @@ def test_a_link_that_goes_down_fires_once_and_one_never_up_never_does(host):
     gpu.nvlinks_down = {1, 2}
     scrape(col)                                     # down again: news again
     assert events.kinds() == ["nvlink_down", "nvlink_down"]
+    # a link NVML does not answer for is unknown: neither down nor back up
+    links = gpu.nvlinks
+    gpu.nvlinks = {0: {}, 2: {}}                     # link 1 answers INVALID_ARGUMENT
+    scrape(col)
+    gpu.nvlinks = links
+    scrape(col)                                      # still the same going-down
+    gpu.nvlinks_down = {2}
+    scrape(col)
+    gpu.nvlinks = {0: {}, 2: {}}
+    scrape(col)                                      # up, then unknown: no event
+    gpu.nvlinks, gpu.nvlinks_down = links, {1, 2}
+    assert events.kinds() == ["nvlink_down", "nvlink_down"]
     # the contract with the health rules: link -> active, as NVML said
     assert col.observations()[0]["nvlink_up"] == {0: True, 1: False, 2: False}
 

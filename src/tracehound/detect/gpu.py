@@ -135,8 +135,11 @@ class GpuDetector:
         with self._lock:
             seen = self._links_up.setdefault(key, set())
             seen.update(link for link, up in nvlink_up.items() if up)
-            down = {link for link in seen if not nvlink_up.get(link, False)}
-            for link in sorted(down - self._links_down.get(key, set())):
+            # a link NVML did not answer for this time keeps its last state
+            before = self._links_down.get(key, set())
+            down = ({link for link in seen if nvlink_up.get(link) is False}
+                    | {link for link in before if link not in nvlink_up})
+            for link in sorted(down - before):
                 self._fire(labels, "nvlink_down", processes, link=link)
             self._links_down[key] = down
 

@@ -74,7 +74,9 @@ class GpuSample:
     pcie_replays: int | None = None
     nvlink_errors: dict[tuple[int, str], int] = field(default_factory=dict)   # (link, type) ->
     processes: dict[int, int | None] = field(default_factory=dict)     # pid -> used bytes
-    nvlink_up: dict[int, bool] | None = None                            # link -> active
+    # link -> active; a link NVML did not answer for is absent (unknown, not
+    # down); None: no NVLink, or no link answered
+    nvlink_up: dict[int, bool] | None = None
     nvlink_bytes: dict[tuple[int, str, str], int] = field(default_factory=dict)  # (link, dir, traffic)
     mig_enabled: bool | None = None
     mig_devices: list[MigDevice] = field(default_factory=list)
