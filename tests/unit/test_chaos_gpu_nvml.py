@@ -4,6 +4,7 @@ rollback to the exact prior settings, refusals before anything changes, and
 import pytest
 
 from tracehound import cli
+from tracehound.chaos import detection
 from tracehound.chaos import faults as catalog
 from tracehound.chaos import journal as journal_mod
 from tracehound.chaos.faults import FaultError, gpu_nvml
@@ -132,4 +133,14 @@ def test_detection_names_the_signal():
     assert d.query == 'tracehound_gpu_power_limit_watts{gpu="1"}' and d.predicate == "<= 300"
     d = catalog.get("gpu.clock_lock").detection({"min_mhz": 345, "max_mhz": 1410})
     assert d.query == 'tracehound_gpu_clock_hertz{gpu="0",clock="sm"}'
-    assert d.predicate == "<= 1410000000"
+    assert d.predicate == "<= 1410e6"
+    assert detection.parse_predicate(d.predicate) == ("<=", 1410e6)
+
+
+@pytest.mark.parametrize("name", ["gpu.power_cap", "gpu.clock_lock", "gpu.dcgm_inject"])
+def test_detection_with_placeholder_arguments(name):
+    """`chaos list` asks every fault's detection with "<arg>" strings in
+    place of the required arguments."""
+    fault = catalog.get(name)
+    det = fault.detection({**{k: f"<{k}>" for k in fault.args}, **fault.with_defaults({})})
+    assert det.note

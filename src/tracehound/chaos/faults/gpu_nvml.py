@@ -192,7 +192,7 @@ class GpuClockLock(_NvmlFault):
 
     def detection(self, args, state=None):
         q = f'tracehound_gpu_clock_hertz{{gpu="{args.get("device", 0)}",clock="sm"}}'
-        return Detection(query=q, signal="value", predicate=f"<= {args['max_mhz'] * 1e6:.0f}",
+        return Detection(query=q, signal="value", predicate=f"<= {args['max_mhz']}e6",
                          promql=q,
                          note="the SM clock stays at or under the lock; an idle GPU clocks "
                               "down anyway, so run a load (gpu.burn) beside it for a lock "
