@@ -66,7 +66,8 @@ def start_agent(hook_mode: str, *extra: str, wrapper: tuple[str, ...] = ()) -> A
         if not line:
             break
         lines.append(line)
-        m = re.search(r"serving metrics on (\S+)", line)
+        # up to /metrics: another thread's log line may follow on the same line
+        m = re.search(r"serving metrics on (http://\S+?/metrics)", line)
         if m:
             # the mode lines follow; wait until all probes are reported
             url = m.group(1)

@@ -322,7 +322,14 @@ def test_what_the_ring_held_at_start_is_marked_replayed(state):
     with Run(ring, state) as r:
         ring.log(xid(13))
         assert wait_for(lambda: len(r.events) == 2)
-    assert [(e.number, e.replayed) for e in r.events] == [(79, True), (13, False)]
+    # no saved position at the first start: the ring's past is history
+    assert [(e.number, e.replayed, e.history) for e in r.events] == [
+        (79, True, True), (13, False, False)]
+    ring.log(xid(31))           # while no agent reads
+    with Run(ring, state) as r2:
+        pass
+    # missed while down: replayed, and news
+    assert [(e.number, e.replayed, e.history) for e in r2.events] == [(31, True, False)]
 
 
 def test_reboot_seen_by_a_new_boot_id(state):

@@ -23,8 +23,8 @@ from .test_gpu_health import Clock
 PCI = "0000:3b:00.0"
 
 
-def line(text: str, usec: int | None = None, replayed: bool = False):
-    return replace(parse_gpu_line(text), usec=usec, replayed=replayed)
+def line(text: str, usec: int | None = None, replayed: bool = False, history: bool = False):
+    return replace(parse_gpu_line(text), usec=usec, replayed=replayed, history=history)
 
 
 def scrape(*collectors) -> dict:
@@ -166,6 +166,26 @@ def test_a_line_read_live_is_timed_by_its_arrival_not_the_kernel_clock():
     assert value(scrape(col), "tracehound_gpu_health", pci_bus_id="0000:3c:00.0",
                  condition="recent_fatal_xid") == 0
     assert hub.ledger.report("nvml", "0000:3c:00.0", 48)
+
+
+def test_the_rings_history_at_a_first_start_is_counted_without_events():
+    clock = Clock(5000.0)
+    hub, events, col = hub_only(clock)
+    for text in ("NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, gone",
+                 "NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus.",
+                 "nvidia-nvswitch0: SXid (PCI:0000:c7:00.0): 24007, Fatal, x"):
+        hub.kernel_event(line(text, usec=int(4000e6), replayed=True, history=True))
+    assert events.items == []
+    f = scrape(col)
+    assert value(f, "tracehound_gpu_xid_errors", pci_bus_id=PCI, xid=79) == 1
+    assert value(f, "tracehound_gpu_fallen_off_bus", pci_bus_id=PCI) == 1
+    assert value(f, "tracehound_gpu_nvswitch_sxid_errors", sxid=24007) == 1
+    # the health rules still see it: lost (latched), the fatal XID long past
+    assert value(f, "tracehound_gpu_health", pci_bus_id=PCI, condition="lost") == 1
+    assert value(f, "tracehound_gpu_health", pci_bus_id=PCI, condition="recent_fatal_xid") == 0
+    hub.run_once(clock.t)
+    assert [(e["event"], e["condition"], e["state"]) for e in events.items] == [
+        ("gpu_health", "lost", "active")]
 
 
 def test_nvml_observations_feed_health_through_the_hub():

@@ -16,6 +16,11 @@ XID, SXid, fallen-off-the-bus or failed adapter init carries the catalog's
 name, severity and recommended action, the GPU (gpu/uuid/model when NVML
 enumerated it, empty otherwise; pci_bus_id always when the line names
 one) and the process the driver named (driver_pid, driver_process).
+
+Lines a first start reads back from the ring (no saved position: the
+node's history, possibly hours old) are counted and feed the health rules,
+which time them by the kernel's timestamp, but raise no event each: lines
+the agent missed while down or across a reboot do.
 """
 from __future__ import annotations
 
@@ -107,25 +112,28 @@ class GpuKernelLog:
         logged = {"uptime_seconds": round(e.usec / 1e6, 6)} if e.usec is not None else {}
         at = e.usec / 1e6 if e.replayed and e.usec is not None else None
         labels = self.identity(e.pci)     # a line naming no bus id: "unknown", as NVML's
-        driver = self._driver_process(e)
         if e.kind == "xid":
             if not self.ledger.report("kmsg", e.pci, e.number, at):
                 return
             self._counted(e.pci, e.number, at)
+            if e.history:
+                return      # the ring's past at a first start: counted, not news
             extra = {}
             if e.gpu_instance is not None:
                 extra["gpu_instance"] = e.gpu_instance
             if e.number == 154:
                 extra["recovery_action"] = xid154_recovery_action(e.detail)
-            self.detector.xid(labels, e.number, driver, source="kmsg", detail=e.detail,
-                              driver_pid=e.pid, driver_process=e.process, **extra, **logged,
-                              **kernel_event_info("xid", e.number))
+            self.detector.xid(labels, e.number, self._driver_process(e), source="kmsg",
+                              detail=e.detail, driver_pid=e.pid, driver_process=e.process,
+                              **extra, **logged, **kernel_event_info("xid", e.number))
             return
         if e.kind == "sxid":
             severity = {True: "fatal", False: "non_fatal"}.get(e.fatal, "unknown")
             with self._lock:
                 k = (e.device or "", e.pci or "", e.number, severity)
                 self._sxids[k] = self._sxids.get(k, 0) + 1
+            if e.history:
+                return
             # a switch is not a GPU: its own pci_bus_id, no GPU identity
             self.detector.kernel({**dict.fromkeys(IDENTITY, ""), "pci_bus_id": e.pci or ""},
                                  "sxid", (), source="kmsg", sxid=e.number, device=e.device,
@@ -143,7 +151,10 @@ class GpuKernelLog:
                 self._init[k] = self._init.get(k, 0) + 1
         else:
             return
-        self.detector.kernel(labels, e.kind, driver, source="kmsg", device=e.device,
+        if e.history:
+            return
+        self.detector.kernel(labels, e.kind, self._driver_process(e), source="kmsg",
+                             device=e.device,
                              detail=e.detail, **logged, **kernel_event_info(e.kind))
 
     def observe(self, observations: list[dict]) -> list[dict]:

@@ -25,6 +25,8 @@ Events (GpuKernelEvent), one per recognised driver line:
   detail    the driver's text after the fields above
   message   the whole line; seq/usec: the kernel record it came from
   replayed  True for a record the ring held when the watcher started
+  history   replayed without a saved position to resume from (first start:
+            the ring's history; after a restart or a reboot it is False)
 
 Counters (plain int attributes, monotonic for the watcher's life):
   records_read   kernel records read (all of them, not only GPU lines)
@@ -149,6 +151,7 @@ class KmsgWatcher:
         self._caught_up = threading.Event()
         self._boot: str | None = None
         self._skip_upto: int | None = None      # records up to this seq were read before
+        self.positioned = False                 # a saved position was found at start
         self._newest_skipped: int | None = None
         self._saved_seq: int | None = None
         self._saved_at = float("-inf")
@@ -194,6 +197,7 @@ class KmsgWatcher:
 
     def _resume_point(self) -> int | None:
         """The seq to skip up to, or None to hand on the whole ring."""
+        self.positioned = False
         if not self.state_file:
             return None
         try:
@@ -207,6 +211,7 @@ class KmsgWatcher:
         except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
             log.warning("ignoring kernel log position in %s: %s", self.state_file, exc)
             return None
+        self.positioned = True
         if boot and self._boot and boot != self._boot:
             return None     # rebooted: sequence numbers started again
         return seq
@@ -269,6 +274,10 @@ class KmsgWatcher:
                 return
             self._skip_upto = None
             self._caught_up.set()
+            if not self.positioned:
+                log.info("read the kernel log's %d records from before the agent started (no "
+                         "saved position): GPU errors among them are counted, not raised as "
+                         "events", self.records_read)
         self._save()
 
     def _rebooted(self) -> None:
@@ -314,7 +323,8 @@ class KmsgWatcher:
         self.gpu_events += 1
         if self.on_event is not None:
             try:
-                self.on_event(replace(event, seq=rec.seq, usec=rec.usec,
-                                      replayed=not self._caught_up.is_set()))
+                replayed = not self._caught_up.is_set()
+                self.on_event(replace(event, seq=rec.seq, usec=rec.usec, replayed=replayed,
+                                      history=replayed and not self.positioned))
             except Exception:  # a bad handler must not end the watcher
                 log.exception("handling kernel GPU event")

@@ -73,6 +73,9 @@ class GpuKernelEvent:
     # read back from the ring at start-up (logged before the reader started),
     # not read live as the kernel logged it
     replayed: bool = False
+    # replayed with no saved position to resume from (a first start): the
+    # ring's history, possibly long past, not lines the agent missed
+    history: bool = False
 
 
 _HEX = "[0-9a-fA-F]"

@@ -19,6 +19,10 @@ from ..gpu.kmsg import KmsgWatcher
 from .base import DoctorReport, Subsystem, check_line
 
 
+# how long start-up waits for the kernel log's existing records to be read
+KMSG_CATCH_UP_S = 10.0
+
+
 class GpuBusy:
     """GPU busy seconds of each process holding a GPU context, for the stall
     detector: the process's own SM utilization where NVML gives it per
@@ -85,6 +89,10 @@ class GpuSubsystem(Subsystem):
         # after NVML: the replay of the ring maps bus ids to enumerated GPUs
         self._kmsg_watcher = KmsgWatcher(KMSG_PATH, self.kmsg_state,
                                          on_event=self.kmsg.kernel_event).start()
+        # What the ring held at start is read before the agent says it serves,
+        # so a line logged after that is news, never taken for the ring's past
+        # (a few thousand records take well under a second).
+        self._kmsg_watcher.wait_caught_up(KMSG_CATCH_UP_S)
 
     def _per_cgroup(self, per_pid: dict[int, float]) -> dict[int, float]:
         out: dict[int, float] = {}
