@@ -19,6 +19,8 @@ from tracehound.gpu.kmsg import (
     parse_record,
 )
 
+from .test_gpu_events import wait_for
+
 # -- records ------------------------------------------------------------------
 
 
@@ -240,15 +242,6 @@ def xid(n, tag="x"):
 
 
 NOISE = "usb 1-1: new high-speed USB device number 2 using xhci_hcd"
-
-
-def wait_for(cond, timeout=5.0):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if cond():
-            return True
-        time.sleep(0.005)
-    return False
 
 
 class Run:
