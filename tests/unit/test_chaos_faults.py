@@ -331,3 +331,14 @@ def test_rdma_detections_look_at_the_targeted_cgroup_only():
     assert not selects(q, {"op": "reg_mr", "errno": "ENOMEM", "cgroup": "/slurm/job_4x2-x"})
     # before prepare (chaos list) it names no cgroup
     assert "cgroup" not in mem.detection(mem.with_defaults({"pid": 1})).query
+
+
+def test_chaos_list_describes_every_fault(capsys):
+    """`chaos list` asks each fault's detection before any argument is known
+    ("<delay_ms>" in place of a number): none may fail on the placeholder."""
+    from tracehound.chaos.cli import cmd_list
+    assert cmd_list(None) == 0
+    out = capsys.readouterr().out
+    for name in catalog.catalog():
+        assert f"\n{name} " in "\n" + out, name
+    assert "> <delay_ms>/2000" in out

@@ -182,9 +182,12 @@ class NetFault(Fault):
             # the smoothed RTT moves an eighth of the way per sample: half the
             # added delay is reached within a few round trips
             sel = f'{{cgroup="{cgroup}",stat="max"}}' if cgroup else '{stat="max"}'
-            threshold = args["delay_ms"] / 2000
+            delay = args["delay_ms"]
+            # `chaos list` asks before any argument is known ("<delay_ms>")
+            threshold = (f"{delay / 2000:g}" if isinstance(delay, (int, float))
+                         else f"{delay}/2000")
             q = "tracehound_net_tcp_rtt_seconds" + sel
-            return Detection(query=q, signal="value", predicate=f"> {threshold:g}",
+            return Detection(query=q, signal="value", predicate=f"> {threshold}",
                              promql=f"max({q})",
                              note=f"smoothed TCP RTT of {whose} rises past half the added delay")
         sel = f'{{cgroup="{cgroup}"}}' if cgroup else ""
