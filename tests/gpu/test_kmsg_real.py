@@ -1,0 +1,56 @@
+"""The kernel log beside a real GPU: an XID line naming a GPU NVML enumerated
+is counted under that GPU's index and UUID, once, with an event naming it.
+
+The line is XID 14, the number NVIDIA reserves for an injected test error
+(severity info), written by the gpu.xid fault with the real GPU's bus id:
+NVML reports nothing for it, so the count must be exactly one."""
+import os
+import time
+
+import pytest
+
+from tracehound.chaos.faults import get as fault
+from tracehound.collectors.gpu import open_gpu_collector
+from tracehound.collectors.gpu_kmsg import GpuKernelLogCollector
+from tracehound.detect.gpu import GpuDetector
+from tracehound.detect.gpu_kmsg import GpuKernelLog
+from tracehound.gpu.kmsg import KmsgWatcher
+
+pytestmark = pytest.mark.skipif(not os.access("/dev/kmsg", os.R_OK | os.W_OK),
+                                reason="reading and writing /dev/kmsg needs root")
+
+
+def test_a_kernel_log_xid_is_counted_under_the_nvml_gpu(tmp_path):
+    events = []
+    detector = GpuDetector(emit=events.append)
+    hub = GpuKernelLog(detector)
+    col, reason = open_gpu_collector(detector=detector, xid_sink=hub.nvml_xid, start=False)
+    assert col is not None, reason
+    watcher = None
+    try:
+        hub.set_gpus(col.gpus)
+        col.start()
+        gpu = next(g for g in col.gpus if g.pci_bus_id)
+        watcher = KmsgWatcher(state_file=str(tmp_path / "kmsg-seq"),
+                              on_event=hub.kernel_event).start()
+        assert watcher.wait_caught_up(30), watcher.error
+        xid = fault("gpu.xid")
+        state = xid.prepare(xid.with_defaults({"xid": 14, "pci_bus_id": gpu.pci_bus_id}),
+                            "gpu-tier").state
+        xid.apply(state)
+        deadline = time.monotonic() + 5
+        while time.monotonic() < deadline and not events:
+            time.sleep(0.05)
+        time.sleep(1.0)         # room for a second count, were there one
+        samples = [s for f in GpuKernelLogCollector(hub, watcher).collect()
+                   if f.name == "tracehound_gpu_xid_errors" for s in f.samples
+                   if s.labels["pci_bus_id"] == gpu.pci_bus_id and s.labels["xid"] == "14"]
+        assert [(s.labels["gpu"], s.labels["uuid"], s.value) for s in samples] == [
+            (str(gpu.index), gpu.uuid, 1)]
+        (event,) = [e for e in events if e.get("xid") == 14]
+        assert (event["gpu"], event["uuid"], event["severity"]) == (str(gpu.index), gpu.uuid,
+                                                                   "info")
+    finally:
+        if watcher is not None:
+            watcher.stop()
+        col.close()
