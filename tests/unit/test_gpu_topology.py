@@ -33,6 +33,7 @@ def test_cpu_mask_words():
     ("00000000:3B:00.0", "0000:3b:00.0"),
     (b"00000001:C1:00.0\x00", "0001:c1:00.0"),
     ("0000:3b:00.0", "0000:3b:00.0"),
+    ("00010000:01:00.0", "10000:01:00.0"),     # behind Intel VMD
 ])
 def test_pci_bus_ids_match_sysfs(nvml_id, sysfs_id):
     assert normalize_pci_bus_id(nvml_id) == sysfs_id

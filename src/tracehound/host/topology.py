@@ -50,8 +50,9 @@ def normalize_pci_bus_id(bus_id) -> str:
     bus_id = bus_id.strip("\x00 \t\n").lower()
     domain, sep, rest = bus_id.partition(":")
     if sep and rest.count(":") == 1:
-        # NVML pads the domain to 8 digits; sysfs always uses 4
-        domain = domain[-4:].rjust(4, "0")
+        # NVML pads the domain to 8 digits; sysfs uses 4, more for a domain
+        # beyond 16 bits (Intel VMD: 10000), as the kernel log does
+        domain = domain.lstrip("0").rjust(4, "0")
         return f"{domain}:{rest}"
     return bus_id
 
