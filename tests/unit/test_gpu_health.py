@@ -140,6 +140,12 @@ def test_nvlink_down_means_a_link_that_was_up(clock):
     assert ("nvlink_down", True) in {(c, a) for _, c, a, _ in h.transitions()}
     h.nvml(PCI, lost=False, nvlink_up={0: True, 1: True, 2: False})
     assert ("nvlink_down", False) in {(c, a) for _, c, a, _ in h.transitions()}
+    # a link NVML did not answer for is left out: it keeps its last state
+    h.nvml(PCI, lost=False, nvlink_up={0: True})
+    assert h.conditions()[PCI]["nvlink_down"] == 0
+    h.nvml(PCI, lost=False, nvlink_up={1: False})
+    h.nvml(PCI, lost=False, nvlink_up={0: True})
+    assert h.conditions()[PCI]["nvlink_down"] == 1
 
 
 def test_a_lost_gpu_drops_its_stale_nvml_conditions(clock):

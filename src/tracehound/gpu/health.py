@@ -16,7 +16,8 @@ GPU is left out, never reported as 0):
   row_remap_failure         NVML: a row remap failed (the GPU needs service)
   thermal_slowdown          NVML: a software or hardware thermal clock-event
                             reason holds the clocks down
-  nvlink_down               NVML: a link that was up is down now (links never
+  nvlink_down               NVML: a link that was up is down now (a link NVML
+                            did not answer for keeps its last state; links never
                             seen up are unused, not down)
   recent_fatal_xid          a fatal-severity XID (xid_catalog) was logged
                             within the last `fatal_window_s` seconds; clears
@@ -67,6 +68,7 @@ class GpuHealth:
         self._kernel_lost: dict[str, float] = {}        # key -> when the log said so
         self._fatal: dict[str, tuple[float, int]] = {}  # key -> (when, xid) of the newest
         self._nvml: dict[str, dict[str, int]] = {}      # key -> NVML-derived conditions
+        self._links: dict[str, dict[int, bool]] = {}   # key -> link -> last known state
         self._links_seen_up: dict[str, set[int]] = {}
         self._reported: dict[tuple[str, str], int] = {}
 
@@ -122,10 +124,11 @@ class GpuHealth:
                 if clock_reasons is not None:
                     got["thermal_slowdown"] = int(bool(THERMAL_REASONS & set(clock_reasons)))
                 if nvlink_up is not None:
+                    links = self._links.setdefault(key, {})
+                    links.update(nvlink_up)
                     seen = self._links_seen_up.setdefault(key, set())
                     seen.update(link for link, up in nvlink_up.items() if up)
-                    got["nvlink_down"] = int(any(not nvlink_up.get(link, False)
-                                                 for link in seen))
+                    got["nvlink_down"] = int(any(not links[link] for link in seen))
             else:
                 # what a lost GPU last said is stale; keep only the link memory
                 got.update({c: v for c, v in self._nvml.get(key, {}).items()
