@@ -20,6 +20,7 @@ import argparse
 import glob
 import json
 import os
+import random
 import shutil
 import statistics
 import subprocess
@@ -40,7 +41,7 @@ REPORT = os.path.join(HERE, "report")
 # what runs where: the host kernel has no sch_netem and no RDMA device
 TIERS = {
     "host": ["net-loss", "net-corrupt", "proc-kill", "proc-stop", "proc-stress-cpu", "proc-stress-memory",
-             "proc-stress-io", "io-throttle", "io-fill"],
+             "proc-stress-io", "io-throttle", "io-fill", "gpu-xid"],
     # the RDMA and device-mapper faults need scaffolding the VM tier's own
     # tests build (tests/vm/test_vm_chaos.py reports their MTTD)
     "vm": ["net-loss", "net-corrupt", "net-delay", "proc-kill", "proc-stop", "proc-stress-cpu",
@@ -52,7 +53,11 @@ NOT_RUN = {
     "gpu.nccl": "needs NCCL and GPUs; its detection is the job's failed exits in its cgroup "
                 "(tracehound_process_exits_total{reason=~\"error|signal\"}) or job_stalled",
     "gpu.dcgm_inject": "injects into DCGM's cache only; tracehound reads NVML and the kernel "
-                       "log, so no tracehound signal can exist",
+                       "log, so no tracehound signal can exist: its detection asks "
+                       "dcgm-exporter's DCGM_FI_* series through Prometheus, on a node with DCGM",
+    "gpu.power_cap, gpu.clock_lock": "need a GPU whose NVML lets root set limits "
+                                     "(tests/gpu); seen in tracehound_gpu_power_limit_watts and "
+                                     "tracehound_gpu_clock_hertz",
 }
 STALL_FLAGS = ["--stall-after", "5", "--stall-cgroups", "/tracehound-chaos-.*"]
 
@@ -112,7 +117,10 @@ def run_once(url: str, name: str, interval: float, work: str,
     env = {**os.environ, "TRACEHOUND_METRICS_URL": url, "CHAOS_HOLD_SECONDS": "1",
            "CHAOS_STALL_TIMEOUT": str(max(20, 4 * interval)),
            "CHAOS_CGROUP": f"/tracehound-chaos-{name}-{tag}",
-           "CHAOS_SCRATCH_DIR": f"/run/tracehound-chaos-{name}-{tag}"}
+           "CHAOS_SCRATCH_DIR": f"/run/tracehound-chaos-{name}-{tag}",
+           # gpu.xid: a bus id of its own per run (no real GPU has one this
+           # high), for the same reason; the kernel ring keeps earlier runs' lines
+           "CHAOS_GPU_PCI": f"0000:{random.randrange(0x80, 0xff):02x}:{random.randrange(32):02x}.0"}
     log = os.path.join(work, f"{name}.log")
     with open(log, "w") as out:
         subprocess.run(tracehound() + ["chaos", "run", path, "--yes", "--journal",
@@ -144,7 +152,8 @@ def summarize(rows: list[dict]) -> list[dict]:
                     "runs": len(runs), "detected": sum(r["detected"] for r in runs),
                     "mttd_median_s": round(statistics.median(mttd), 2) if mttd else None,
                     "mttd_max_s": round(max(mttd), 2) if mttd else None,
-                    "signal": runs[0]["signal"], "note": runs[0]["note"]})
+                    "signal": runs[0]["signal"], "note": runs[0]["note"],
+                    "machine": runs[0].get("machine", "")})
     return out
 
 
@@ -164,14 +173,16 @@ def markdown(results: dict, interval: float) -> str:
                "every second with the fault's PromQL (events probes read the agent)"
                if data.get("prometheus") else
                f"the probes read the agent every {data['interval_s']:g} s")
+        mixed = len({s.get("machine", "") for s in data["summary"]}) > 1
         lines += [f"## {tier.removesuffix('-prometheus')}: {data['machine']}", "", how + ".", "",
-                  "| fault | probe | detected | MTTD median | MTTD max | signal |",
-                  "|---|---|---|---|---|---|"]
+                  "| fault | probe | detected | MTTD median | MTTD max | signal |"
+                  + (" machine |" if mixed else ""),
+                  "|---|---|---|---|---|---|" + ("---|" if mixed else "")]
         for s in data["summary"]:
             med = "-" if s["mttd_median_s"] is None else f"{s['mttd_median_s']:.2f} s"
             mx = "-" if s["mttd_max_s"] is None else f"{s['mttd_max_s']:.2f} s"
             lines.append(f"| {s['fault']} | {s['probe']} | {s['detected']}/{s['runs']} | {med} "
-                         f"| {mx} | `{s['signal']}` |")
+                         f"| {mx} | `{s['signal']}` |" + (f" {s['machine']} |" if mixed else ""))
         lines.append("")
     lines += ["## Not run here", ""]
     lines += [f"- **{fault}**: {why}" for fault, why in NOT_RUN.items()]
@@ -227,9 +238,20 @@ def main() -> int:
         agent.stop()
         shutil.rmtree(work, ignore_errors=True)
     key = args.tier + ("-prometheus" if args.prometheus else "")
-    data = {"machine": machine(), "interval_s": args.interval, "rows": rows,
-            "summary": summarize(rows), "prometheus": args.prometheus}
     path = args.json or os.path.join(REPORT, f"detection-{key}.json")
+    here = machine()
+    for r in rows:
+        r["machine"] = here
+    if args.only and os.path.exists(path):
+        # --only reruns some examples: the others keep their rows, each
+        # with the machine it ran on
+        with open(path) as f:
+            old = json.load(f)
+        rows = [{"machine": old["machine"], **r} for r in old["rows"]
+                if r["example"] not in names] + rows
+    machines = list(dict.fromkeys(r["machine"] for r in rows))
+    data = {"machine": "; ".join(machines), "interval_s": args.interval, "rows": rows,
+            "summary": summarize(rows), "prometheus": args.prometheus}
     with open(path, "w") as f:
         json.dump(data, f, indent=1)
     results = {}
