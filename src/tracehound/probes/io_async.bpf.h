@@ -58,6 +58,14 @@ struct iocb_cmd {
 /* a reap returns at most nr events; bound the walk all the same */
 #define AIO_MAX_EVENTS 65536
 
+/* io_uring and AIO run an fsync through vfs_fsync_range, which the VFS
+ * modes hook: there that hook counts and times it, once. Only where fsync is
+ * counted at its syscall (tracepoint mode) is it counted at completion. */
+static __always_inline bool async_fsync_counted_here(void)
+{
+	return settings.tp_ops & (1u << OP_FSYNC);
+}
+
 /* ---- io_uring ------------------------------------------------------------ */
 
 static __always_inline int uring_op(__u8 opcode)
@@ -70,7 +78,7 @@ static __always_inline int uring_op(__u8 opcode)
 	case IORING_OP_WRITEV_FIXED:
 		return OP_WRITE;
 	case IORING_OP_FSYNC:
-		return OP_FSYNC;
+		return async_fsync_counted_here() ? OP_FSYNC : -1;
 	}
 	return -1;
 }
@@ -135,10 +143,11 @@ int BPF_PROG(rt_io_uring_submit_sqe, void *req)
  * or another task may post them too. */
 static __always_inline __u64 submitter_cgroup(struct task_struct *task)
 {
-	struct task_struct *current = bpf_get_current_task_btf();
-
-	if ((__u64)task == (__u64)current)
-		return cgroup_id_of(current);
+	/* The current task is asked for again, not reused: once the two are
+	 * known equal the compiler may load through `task`, a plain number to
+	 * the verifier where it came from a probe read (6.1 refused that). */
+	if ((__u64)task == (__u64)bpf_get_current_task_btf())
+		return cgroup_id_of(bpf_get_current_task_btf());
 #ifdef IO_PROBE_READS
 	return BPF_CORE_READ(task, cgroups, dfl_cgrp, kn, id);
 #else
@@ -282,6 +291,8 @@ static long aio_event(__u32 i, void *ctx)
 		op = OP_WRITE;
 		break;
 	case IOCB_CMD_FSYNC: case IOCB_CMD_FDSYNC:
+		if (!async_fsync_counted_here())
+			return 0;
 		op = OP_FSYNC;
 		break;
 	default:
