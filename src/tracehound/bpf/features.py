@@ -267,5 +267,8 @@ def load_with_fallback(probe: str, groups: Sequence[HookGroup], forced: str,
                 raise
             log.warning("%s probe: %s in %s mode failed (%s); trying the next mode",
                         probe, failed.group.name, failed.mode, exc.reason)
+            if exc.log:
+                log.debug("%s probe: program %s on %s: the kernel's log:\n%s",
+                          probe, exc.program, exc.hook, exc.log)
             demoted.setdefault(failed.group.name, set()).add(failed.mode)
     raise TracehoundError(f"{probe} probe: gave up after repeated load/attach failures")

@@ -25,13 +25,28 @@ log_tail: collections.deque[str] = collections.deque(maxlen=400)
 _PRINT_FN = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_void_p)
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.vsnprintf.argtypes = [ctypes.c_char_p, ctypes.c_size_t, ctypes.c_char_p, ctypes.c_void_p]
+_libc.vsnprintf.restype = ctypes.c_int
+
+
+# The size of the va_list state behind the pointer a callback receives (a
+# struct on x86-64 and arm64): copied before the first formatting, so a
+# message longer than the first buffer can be formatted again (va_copy).
+_VA_LIST_SIZE = {"x86_64": 24, "aarch64": 32}.get(os.uname().machine)
 
 
 def _print(level: int, fmt: bytes, va_list: int) -> int:
     # On x86-64 and arm64 a va_list argument arrives as a pointer, which
-    # vsnprintf accepts unchanged.
+    # vsnprintf accepts unchanged. A verifier log is one message that can be
+    # far longer than a line, and its end says why a program was refused.
+    copy = None
+    if _VA_LIST_SIZE:
+        copy = ctypes.create_string_buffer(_VA_LIST_SIZE)
+        ctypes.memmove(copy, va_list, _VA_LIST_SIZE)
     buf = ctypes.create_string_buffer(4096)
-    _libc.vsnprintf(buf, len(buf), fmt, va_list)
+    need = _libc.vsnprintf(buf, len(buf), fmt, va_list)
+    if copy is not None and need >= len(buf):
+        buf = ctypes.create_string_buffer(min(need + 1, 16 << 20))
+        _libc.vsnprintf(buf, len(buf), fmt, ctypes.addressof(copy))
     for line in buf.value.decode(errors="replace").splitlines():
         log_tail.append(line)
     return 0
