@@ -4,6 +4,9 @@ import sys
 
 import pytest
 
+# CI skip policy and the per-tier time budget printed at the end of every run
+pytest_plugins = ["tests.suite_report"]
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
