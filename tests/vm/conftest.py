@@ -1,4 +1,9 @@
-"""Shared setup for tests that boot the Debian 6.1 kernel under virtme-ng."""
+"""Shared setup for tests that boot the Debian 6.1 kernel under virtme-ng.
+
+Each test module names the guest programs it reads as module-level
+``harness.Scenario`` objects. A run boots the VM once for every scenario its selected
+tests need, instead of once per module: under TCG a boot and the first Python
+imports over 9p cost close to a minute each time."""
 
 import os
 import sys
@@ -10,20 +15,26 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import harness  # noqa: E402
 
+SCENARIOS = pytest.StashKey[list]()
+
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "vm: boots a Debian 6.1 kernel in a VM (needs scripts/vm-setup, root, ~30 s per boot)")
 
 
 def pytest_collection_modifyitems(config, items):
+    wanted = []
+    for item in items:
+        if item.get_closest_marker("vm") is None:
+            continue
+        for scenario in vars(item.module).values():
+            if isinstance(scenario, harness.Scenario) and scenario not in wanted:
+                wanted.append(scenario)
+    config.stash[SCENARIOS] = wanted
     # Where the VM is mandatory (CI), a missing setup must fail, not skip.
     if os.environ.get("TRACEHOUND_VM_REQUIRED") == "1":
         return
-    reason = None
-    if os.geteuid() != 0:
-        reason = "VM tests run as root"
-    else:
-        reason = harness.is_available()
+    reason = "VM tests run as root" if os.geteuid() != 0 else harness.is_available()
     if reason is None:
         return
     skip = pytest.mark.skip(reason=f"VM unavailable: {reason}")
@@ -32,3 +43,43 @@ def pytest_collection_modifyitems(config, items):
         # among its keywords, including what runs inside the guest
         if item.get_closest_marker("vm") is not None:
             item.add_marker(skip)
+
+
+class GuestBoot:
+    """The one boot of this run: each scenario's result and results directory."""
+
+    def __init__(self, base: Path, scenarios: list):
+        self.base = base
+        self.results = {}
+        booted = []
+        for sc in scenarios:
+            (base / sc.name).mkdir()
+            try:
+                if sc.prepare:
+                    sc.prepare(base / sc.name)
+            except Exception as exc:  # reported by the scenario's own tests
+                self.results[sc.name] = harness.VmBootError(
+                    f"scenario {sc.name} could not be prepared on the host: {exc!r}")
+                continue
+            booted.append(sc)
+        if booted:
+            self.results.update(harness.run_scenarios(booted, base))
+
+    def get(self, scenario):
+        """(VmResult, results dir); raises what kept the scenario from running."""
+        result = self.results.get(scenario.name)
+        if result is None:
+            raise AssertionError(f"scenario {scenario.name} was not in this run's boot")
+        if isinstance(result, Exception):
+            raise result
+        return result, self.base / scenario.name
+
+    def checks(self, scenario):
+        """(VmResult, checks.json) of a scenario that writes checks."""
+        result, results = self.get(scenario)
+        return harness.checks_of(result, results)
+
+
+@pytest.fixture(scope="session")
+def guest_boot(request, tmp_path_factory):
+    return GuestBoot(tmp_path_factory.mktemp("vm"), request.config.stash.get(SCENARIOS, []))

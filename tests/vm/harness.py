@@ -31,7 +31,7 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Mapping, Optional, TextIO
+from typing import Callable, Iterable, Mapping, Optional, TextIO
 
 __all__ = [
     "VmBootError",
@@ -40,6 +40,8 @@ __all__ = [
     "cache_dir",
     "kernel_image",
     "run_in_vm",
+    "run_scenarios",
+    "Scenario",
 ]
 
 DEFAULT_CACHE = "/var/cache/tracehound/vm"
@@ -299,20 +301,87 @@ def _kill(proc: subprocess.Popen) -> None:
     proc.wait()
 
 
-def run_guest_checks(script: str, results: Path, timeout: float,
-                     args: tuple[str, ...] = ()) -> tuple[VmResult, dict]:
-    """Boot once, run tests/vm/SCRIPT RESULTS [ARGS] as root in the guest, and
-    read back the checks.json it writes as it goes (what it decided before a
-    crash or a timeout still comes back)."""
+@dataclass(frozen=True)
+class Scenario:
+    """One guest program of the VM tier. Every scenario the selected tests need
+    runs in a single boot, one after another (a boot under TCG costs ~30 s
+    before the first Python import): ``command`` is a bash command run from
+    the repository root, with ``{results}`` standing for the scenario's own
+    writable results directory; ``timeout`` bounds it alone."""
+    name: str
+    command: str
+    timeout: float
+    # run on the host before the boot, with the results directory (e.g. to
+    # build a program the guest runs); raising keeps the scenario out of it
+    prepare: Optional[Callable[[Path], None]] = None
+
+
+# what a boot costs before the first scenario starts, and after the last ends
+BOOT_ALLOWANCE_S = 240
+_SCENARIO_STEP = """mkdir -p {results}
+echo "=== scenario {name}"
+s=$(date +%s)
+( cd {repo} && timeout --kill-after=10 {timeout:.0f} bash -c {command} ) > {results}/output 2>&1 < /dev/null
+echo $? > {results}/rc.tmp && mv {results}/rc.tmp {results}/rc
+echo "=== scenario {name}: exit $(cat {results}/rc), $(( $(date +%s) - s )) s"
+"""
+
+
+def run_scenarios(scenarios: Iterable[Scenario], base: Path) -> dict[str, VmResult | VmBootError]:
+    """Boot once and run every scenario in turn, each in base/NAME. Returns,
+    per scenario, its own result (exit status and output) or, for one the
+    boot never finished (crash, overall timeout), the boot's error."""
     repo = Path(__file__).resolve().parents[2]
+    scenarios = list(scenarios)
+    steps = []
+    for sc in scenarios:
+        results = base / sc.name
+        steps.append(_SCENARIO_STEP.format(
+            results=shlex.quote(str(results)), name=sc.name, repo=shlex.quote(str(repo)),
+            timeout=sc.timeout, command=shlex.quote(sc.command.format(results=shlex.quote(str(results))))))
+    budget = sum(sc.timeout + 15 for sc in scenarios) + BOOT_ALLOWANCE_S
+    boot_error = None
+    try:
+        whole = run_in_vm("\n".join(steps), timeout=budget, cwd=repo, writable=[base])
+        print(f"\nVM boot {whole.boot_seconds:.1f} s, {len(scenarios)} scenarios, "
+              f"total {whole.total_seconds:.1f} s")
+    except VmBootError as exc:
+        whole, boot_error = None, exc
+    out: dict[str, VmResult | VmBootError] = {}
+    for sc in scenarios:
+        rc = _read(base / sc.name / "rc").strip()
+        if not rc.lstrip("-").isdigit():
+            out[sc.name] = boot_error or VmBootError(f"scenario {sc.name} left no exit status")
+            continue
+        out[sc.name] = VmResult(
+            returncode=int(rc), output=_read(base / sc.name / "output"),
+            console_tail=whole.console_tail if whole else boot_error.console_tail,
+            boot_seconds=whole.boot_seconds if whole else -1.0,
+            total_seconds=whole.total_seconds if whole else -1.0,
+            kernel_release=whole.kernel_release if whole else "",
+            cgroup2=whole.cgroup2 if whole else "")
+    return out
+
+
+def guest_script(script: str, *args: str, timeout: float, name: str = "",
+                 prepare: Optional[Callable[[Path], None]] = None) -> Scenario:
+    """A tests/vm/SCRIPT that writes checks.json into its results directory;
+    ARGS may name ``{results}`` too."""
     extra = "".join(f" {a}" for a in args)
-    result = run_in_vm(f"{sys.executable} tests/vm/{script} {results}{extra}", timeout=timeout,
-                       cwd=repo, writable=[results])
+    return Scenario(name or script.removesuffix(".py"),
+                    f"{shlex.quote(sys.executable)} tests/vm/{script} {{results}}{extra}", timeout,
+                    prepare)
+
+
+def checks_of(result: VmResult | VmBootError, results: Path) -> tuple[VmResult, dict]:
+    """A check scenario's result and the checks.json it wrote as it went
+    (what it decided before a crash or a timeout still comes back)."""
+    if isinstance(result, VmBootError):
+        raise result
     report = results / "checks.json"
     data = (json.loads(report.read_text()) if report.exists()
             else {"checks": {}, "timings": {}})
-    print(f"\nVM boot {result.boot_seconds:.1f} s, total {result.total_seconds:.1f} s, "
-          f"timings {data['timings']}")
+    print(f"\n{results.name}: timings {data['timings']}")
     return result, data
 
 

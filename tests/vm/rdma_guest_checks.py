@@ -208,7 +208,10 @@ def totals_agree(agent: Agent):
 
 
 def setup_rxe() -> None:
+    """A fresh soft-RoCE device: the scenarios of one boot each start from
+    their own (an earlier one's device and links are removed first)."""
     sh("modprobe rdma_rxe && modprobe ib_uverbs")
+    sh(f"rdma link delete {DEVICE} 2>/dev/null; ip link delete {NETDEV} 2>/dev/null; true")
     sh(f"ip link add {NETDEV} type veth peer name {PEER}")
     sh(f"ip link set {NETDEV} up && ip link set {PEER} up")
     sh(f"rdma link add {DEVICE} type rxe netdev {NETDEV}")

@@ -64,5 +64,7 @@ check kprobe_attach kprobe_bpftrace
 check rdma_rxe rdma_rxe
 check ibv_devices ibv_lists_rxe0
 check results_writable results_writable
+# the scenarios booted after this one set up their own soft-RoCE device
+rdma link delete rxe0 2>/dev/null; ip link delete veth0 2>/dev/null
 rm -f "$CHECK_LOG"
 echo "CHECKS DONE"

@@ -14,10 +14,12 @@ CHECKS += ["link_down_recovered_after_kill", "memlock_event_detected",
            "netem_loss_tracehound_detected", "netem_delay_tracehound_detected"]
 
 
+GUEST = harness.guest_script("chaos_guest_checks.py", timeout=900, name="chaos")
+
+
 @pytest.fixture(scope="session")
-def chaos_run(tmp_path_factory):
-    return harness.run_guest_checks("chaos_guest_checks.py", tmp_path_factory.mktemp("vm-chaos"),
-                                    timeout=900)
+def chaos_run(guest_boot):
+    return guest_boot.checks(GUEST)
 
 
 def test_scenario_ran_to_completion(chaos_run):

@@ -10,10 +10,12 @@ from nfs_guest_checks import FILESYSTEMS, MODES, SIZE
 pytestmark = pytest.mark.vm
 
 
+GUEST = harness.guest_script("nfs_guest_checks.py", timeout=900, name="nfs")
+
+
 @pytest.fixture(scope="session")
-def nfs_run(tmp_path_factory):
-    return harness.run_guest_checks("nfs_guest_checks.py", tmp_path_factory.mktemp("vm-nfs"),
-                                    timeout=900)
+def nfs_run(guest_boot):
+    return guest_boot.checks(GUEST)
 
 
 def guest_tail(result, n: int = 40) -> str:

@@ -36,10 +36,12 @@ CHECKS = [
 ]
 
 
+GUEST = harness.guest_script("rdma_guest_checks.py", timeout=1500, name="rdma")
+
+
 @pytest.fixture(scope="session")
-def rdma_run(tmp_path_factory):
-    return harness.run_guest_checks("rdma_guest_checks.py", tmp_path_factory.mktemp("vm-rdma"),
-                                    timeout=1500)
+def rdma_run(guest_boot):
+    return guest_boot.checks(GUEST)
 
 
 def test_scenario_ran_to_completion(rdma_run):

@@ -22,10 +22,12 @@ CHECKS = [
 ]
 
 
+GUEST = harness.guest_script("rdma_ports_checks.py", timeout=600, name="rdma_ports")
+
+
 @pytest.fixture(scope="session")
-def ports_run(tmp_path_factory):
-    return harness.run_guest_checks("rdma_ports_checks.py", tmp_path_factory.mktemp("vm-rdma-ports"),
-                                    timeout=600)
+def ports_run(guest_boot):
+    return guest_boot.checks(GUEST)
 
 
 def test_scenario_ran_to_completion(ports_run):

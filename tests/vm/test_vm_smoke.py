@@ -4,6 +4,7 @@ output capture, writable results dir) the kernel-level tests rely on.
 """
 
 import re
+import shlex
 import sys
 from pathlib import Path
 
@@ -14,6 +15,7 @@ import harness
 pytestmark = pytest.mark.vm
 
 HERE = Path(__file__).resolve().parent
+REPO = HERE.parents[1]
 CHECKS = [
     "kernel_6_1", "bpffs", "tracefs", "debugfs", "cgroup2", "same_python",
     "fentry", "kprobe_pmu", "kprobe_attach", "rdma_rxe", "ibv_devices",
@@ -21,17 +23,17 @@ CHECKS = [
 ]
 
 
+GUEST = harness.Scenario(
+    "smoke", f"HOST_PYTHON={shlex.quote(sys.executable)} bash tests/vm/smoke_checks.sh {{results}}", 600)
+# a command that fails, run in the same boot: its exit status and both its
+# streams must come back as its own, not as the boot's
+FAILING = harness.Scenario("failing", "echo to-stdout; echo to-stderr >&2; pwd; false; exit 42", 60)
+
+
 @pytest.fixture(scope="session")
-def smoke(tmp_path_factory):
-    """One boot that runs every check; tests below only read its results."""
-    results = tmp_path_factory.mktemp("vm-results")
-    result = harness.run_in_vm(
-        f"bash {HERE / 'smoke_checks.sh'} {results}",
-        timeout=600,
-        cwd=HERE,
-        writable=[results],
-        env={"HOST_PYTHON": sys.executable},
-    )
+def smoke(guest_boot):
+    """Every check of smoke_checks.sh; tests below only read its results."""
+    result, results = guest_boot.get(GUEST)
     checks = dict(re.findall(r"^CHECK (\S+) (.*)$", result.output, re.M))
     return result, checks, results
 
@@ -41,7 +43,6 @@ def test_vm_boots_and_runs_all_checks(smoke):
     print(f"boot {result.boot_seconds:.1f} s, total {result.total_seconds:.1f} s, cgroup2 at {result.cgroup2}")
     assert result.returncode == 0, result.output
     assert "CHECKS DONE" in result.output, f"check script did not finish:\n{result.output}"
-    assert result.boot_seconds > 0
     assert result.kernel_release.startswith("6.1.0"), result.kernel_release
     assert result.cgroup2, "harness did not report where cgroup2 is mounted"
 
@@ -59,16 +60,12 @@ def test_vm_writes_reach_host(smoke):
     assert (results / "from-vm.txt").read_text().strip() == "written in the VM"
 
 
-def test_vm_failing_command_reports_exit_code_and_output(tmp_path):
-    result = harness.run_in_vm(
-        "echo to-stdout; echo to-stderr >&2; pwd; false; exit 42",
-        timeout=300,
-        cwd=tmp_path,
-    )
+def test_vm_failing_command_reports_exit_code_and_output(guest_boot):
+    result, _ = guest_boot.get(FAILING)
     assert result.returncode == 42, result.output
     lines = result.output.splitlines()
     assert "to-stdout" in lines and "to-stderr" in lines, result.output
-    assert str(tmp_path) in lines, f"command did not start in {tmp_path}: {result.output}"
+    assert str(REPO) in lines, f"command did not start in {REPO}: {result.output}"
 
 
 def test_vm_timeout_raises_boot_error():
