@@ -71,6 +71,7 @@ class Agent:
         register_all(self.registry, self.subsystems)
         self.schedule = DetectorSchedule(
             [d for s in self.subsystems for d in s.detectors()]).start()
+        self.registry.register(self.schedule)
         self.exporter.set_ready(True)
         # libbpf freed the kernel BTF it parsed while loading: give it back
         release_free_memory()

@@ -75,6 +75,14 @@ def test_detectors_run_on_their_own_intervals_and_a_failing_one_does_not_stop_th
     assert fast.runs == [float(t) for t in range(11)]
     assert slow.runs == [0.0, 5.0, 10.0]
     assert len(bad.runs) == 11 and schedule.failures["bad"] == 11
+    # and the agent exports each detector's turns and failures
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(schedule)
+    text = generate_latest(registry).decode()
+    assert 'tracehound_detector_runs_total{detector="slow"} 3.0' in text
+    assert 'tracehound_detector_runs_total{detector="bad"} 11.0' in text
+    assert 'tracehound_detector_failures_total{detector="bad"} 11.0' in text
+    assert 'tracehound_detector_failures_total{detector="fast"} 0.0' in text
 
 
 def test_detector_thread_runs_without_any_scrape():

@@ -13,6 +13,8 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 
+from prometheus_client.core import CounterMetricFamily
+
 log = logging.getLogger(__name__)
 
 
@@ -21,6 +23,9 @@ class DetectorSchedule:
         self.detectors = list(detectors)
         self.clock = clock
         self.failures: dict[str, int] = {d.name: 0 for d in self.detectors}
+        # completed turns, failed or not: a reader that must know a rule has
+        # looked at the node after some moment waits for this to move twice
+        self.runs: dict[str, int] = {d.name: 0 for d in self.detectors}
         self._due = {d.name: 0.0 for d in self.detectors}
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
@@ -47,8 +52,23 @@ class DetectorSchedule:
             except Exception as exc:  # noqa: BLE001 - one bad rule must not end detection
                 self.failures[d.name] += 1
                 log.warning("%s detector: %s", d.name, exc)
+            self.runs[d.name] += 1
             self._due[d.name] = now + d.interval
         return min(self._due.values())
+
+    def collect(self):
+        """tracehound_detector_{runs,failures}_total{detector}."""
+        runs = CounterMetricFamily("tracehound_detector_runs_total",
+                                   "Turns each detector has taken on the agent's schedule.",
+                                   labels=["detector"])
+        failed = CounterMetricFamily("tracehound_detector_failures_total",
+                                     "Turns that raised (logged; the detector runs again at its "
+                                     "next turn).", labels=["detector"])
+        for name in self.runs:
+            runs.add_metric([name], self.runs[name])
+            failed.add_metric([name], self.failures[name])
+        yield runs
+        yield failed
 
     def _run(self) -> None:
         while not self._stop.is_set():
