@@ -3,7 +3,7 @@ import os
 
 import pytest
 
-from tracehound.collectors.gpu import open_gpu_collector
+from tests.unit.gpu_helpers import open_collector
 
 _GPU_DIR = os.path.join("tests", "gpu")
 _reason = None
@@ -42,7 +42,7 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture
 def collector():
-    col, reason = open_gpu_collector()
+    col, reason = open_collector()      # wired as the gpu subsystem wires it
     if col is None:
         pytest.fail(f"NVML opened in conftest but the collector did not: {reason}")
     try:

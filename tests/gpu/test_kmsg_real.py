@@ -24,7 +24,7 @@ def test_a_kernel_log_xid_is_counted_under_the_nvml_gpu(tmp_path):
     events = []
     detector = GpuDetector(emit=events.append)
     hub = GpuKernelLog(detector)
-    col, reason = open_gpu_collector(detector=detector, xid_sink=hub.nvml_xid, start=False)
+    col, reason = open_gpu_collector(detector=detector, xid_sink=hub.nvml_xid)
     assert col is not None, reason
     watcher = None
     try:

@@ -12,7 +12,9 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from tracehound.collectors.gpu import gpu_inventory, open_gpu_collector
+from tests.unit.gpu_helpers import kmsg_hub, open_collector
+from tracehound.collectors.gpu import gpu_inventory
+from tracehound.gpu.health import gpu_key
 
 pytestmark = pytest.mark.gpu
 MIB = 1 << 20
@@ -146,13 +148,20 @@ def test_collector_matches_nvidia_smi(collector):
 
 
 def test_event_thread_registers_and_stops():
-    col, reason = open_gpu_collector(event_wait_ms=200)
+    col, reason = open_collector(event_wait_ms=200)     # wired as the gpu subsystem wires it
     assert col is not None, reason
     try:
         assert col.events.running
+        hub = kmsg_hub(col)
         for gpu in col.gpus:
             # every datacenter GPU since Kepler reports XIDs through NVML events
             assert "xid" in col.events.registered[gpu.index]
+            assert hub.identity(gpu_key(gpu))["uuid"] == gpu.uuid
+        # an XID as the event thread hands it on (XID 14: reserved for tests)
+        # is counted once by the kernel-log hub, under the real GPU
+        gpu = next(g for g in col.gpus if g.handle is not None)
+        col.events.on_event(gpu, "xid", 14)
+        assert hub.snapshot().xids == {(gpu_key(gpu), 14): 1}
         time.sleep(0.5)   # a few wait timeouts pass without ending the thread
         assert col.events.running
         thread = col.events._thread

@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import os
 
-from tracehound.collectors.gpu import GpuCollector
+from tracehound.collectors.gpu import GpuCollector, open_gpu_collector
+from tracehound.collectors.gpu_kmsg import GpuKernelLogCollector
 from tracehound.detect.gpu import GpuDetector, GpuWatcher
+from tracehound.detect.gpu_kmsg import GpuKernelLog
 from tracehound.gpu.device import enumerate_gpus
 from tracehound.host.topology import Topology
 
@@ -57,24 +59,50 @@ class Events:
 
 def make_collector(nvml: FakeNvml, root, workload_labels=None, events: Events | None = None,
                    start=False) -> GpuCollector:
+    """The collector wired as the gpu subsystem wires it: its XIDs go to the
+    kernel-log hub (kmsg_hub(collector)), which knows the GPUs before the
+    event thread starts."""
     nvml.nvmlInit()
     topo = Topology(str(root))
     gpus, lost = enumerate_gpus(nvml, topo)
+    detector = GpuDetector(emit=events or Events())
+    hub = GpuKernelLog(detector, workload_labels=workload_labels)
     col = GpuCollector(nvml, gpus, lost, workload_labels=workload_labels, topology=topo,
-                       detector=GpuDetector(emit=events or Events()), driver_version=nvml.driver,
+                       xid_sink=hub.nvml_xid, detector=detector, driver_version=nvml.driver,
                        event_wait_ms=20)
+    hub.set_gpus(col.gpus)
     return col.start() if start else col
+
+
+def open_collector(events: Events | None = None, start=True, **kw):
+    """open_gpu_collector as the gpu subsystem calls it, the hub given the
+    GPUs before the event thread starts: (collector, summary) or (None, why not)."""
+    detector = GpuDetector(emit=events or Events())
+    hub = GpuKernelLog(detector, workload_labels=kw.get("workload_labels"))
+    col, summary = open_gpu_collector(detector=detector, xid_sink=hub.nvml_xid, **kw)
+    if col is not None:
+        hub.set_gpus(col.gpus)
+        if start:
+            col.start()
+    return col, summary
+
+
+def kmsg_hub(collector: GpuCollector) -> GpuKernelLog:
+    """The hub a collector's XIDs go to (its xid_sink is the hub's nvml_xid)."""
+    return collector.xid_sink.__self__
 
 
 def scrape(collector) -> dict:
     """One detection pass (as the agent's detector schedule runs it), then a
-    scrape of the collector and of its detector's counters:
+    scrape of what the gpu subsystem serves: the collector, its detector's
+    counters and the kernel-log hub's (the XID counts):
     {family name: [(sample name, labels dict, value)]}"""
+    hub = kmsg_hub(collector)
     families = []
     if collector.detector is not None:
-        GpuWatcher(collector.observations, collector.detector).run_once(0.0)
+        GpuWatcher(lambda: hub.observe(collector.observations()), collector.detector).run_once(0.0)
         families += list(collector.detector.collect())
-    families = list(collector.collect()) + families
+    families = list(collector.collect()) + families + list(GpuKernelLogCollector(hub).collect())
     return {f.name: [(s.name, s.labels, s.value) for s in f.samples] for f in families}
 
 

@@ -9,11 +9,20 @@ from prometheus_client.openmetrics.exposition import (
 )
 from prometheus_client.parser import text_string_to_metric_families
 
-from tracehound.collectors.gpu import open_gpu_collector
+from tracehound.collectors.gpu_kmsg import GpuKernelLogCollector
 
 from . import fake_nvml as fn
 from .fake_nvml import FakeGpu, FakeNvml
-from .gpu_helpers import Events, label_sets, make_collector, make_host, scrape, value
+from .gpu_helpers import (
+    Events,
+    kmsg_hub,
+    label_sets,
+    make_collector,
+    make_host,
+    open_collector,
+    scrape,
+    value,
+)
 
 GIB = 1 << 30
 G0 = {"gpu": 0, "uuid": "GPU-aaaa", "model": "NVIDIA H100 80GB HBM3"}
@@ -214,7 +223,7 @@ def test_gpu_lost_mid_scrape_keeps_the_others(host):
 
 def test_gpu_lost_before_start(host):
     nvml = FakeNvml([full_gpu(lost=True), second_gpu()])
-    col, summary = open_gpu_collector(nvml=nvml, root=host, start=False)
+    col, summary = open_collector(nvml=nvml, root=host, start=False)
     assert "lost: 0" in summary
     f = scrape(col)
     assert value(f, "tracehound_gpu_lost", gpu=0, uuid="unknown") == 1
@@ -249,27 +258,27 @@ def test_a_failing_workload_resolver_does_not_break_the_scrape(host):
     (fn.NVML_ERROR_UNKNOWN, "NVML initialisation failed"),
 ])
 def test_no_driver_gives_none_and_one_line(code, needle):
-    col, reason = open_gpu_collector(nvml=FakeNvml([full_gpu()], init_error=code))
+    col, reason = open_collector(nvml=FakeNvml([full_gpu()], init_error=code))
     assert col is None
     assert needle in reason and "\n" not in reason
 
 
 def test_no_gpu_gives_none_and_shuts_nvml_down():
     nvml = FakeNvml([])
-    col, reason = open_gpu_collector(nvml=nvml)
+    col, reason = open_collector(nvml=nvml)
     assert col is None and reason == "no NVIDIA GPU found"
     assert nvml.shutdowns == nvml.initialized == 1
 
 
 def test_pynvml_not_importable(monkeypatch):
     monkeypatch.setitem(sys.modules, "pynvml", None)
-    col, reason = open_gpu_collector()
+    col, reason = open_collector()
     assert col is None and "nvidia-ml-py" in reason
 
 
 def test_open_starts_events_and_close_releases_nvml(host):
     nvml = FakeNvml([full_gpu(), second_gpu()])
-    col, summary = open_gpu_collector(nvml=nvml, root=host, event_wait_ms=20)
+    col, summary = open_collector(nvml=nvml, root=host, event_wait_ms=20)
     try:
         assert summary == "2 GPU(s), driver 550.54.15"
         assert col.events.running
@@ -285,7 +294,8 @@ def test_exposition_is_valid_and_names_do_not_collide(host):
     col = make_collector(FakeNvml([full_gpu(), second_gpu()]), host)
     registry = CollectorRegistry(auto_describe=True)   # raises on duplicated series names
     registry.register(col)
-    registry.register(col.detector)                     # served beside it by the agent
+    registry.register(col.detector)                     # served beside it by the agent,
+    registry.register(GpuKernelLogCollector(kmsg_hub(col)))    # with the XID counts
     text = generate_latest(registry).decode()
     names = {f.name for f in text_string_to_metric_families(text)}
     assert {"tracehound_gpu_xid_errors", "tracehound_gpu_anomalies", "tracehound_nic_numa_node",

@@ -1,14 +1,23 @@
 """GPU health from NVML -> Prometheus metric families, read at scrape time.
 
-Interface for the agent::
+Interface for the agent (subsystems/gpu.py)::
 
-    collector, reason = open_gpu_collector(workload_labels=resolve)  # event thread running
+    hub = GpuKernelLog(detector)                     # detect/gpu_kmsg.py
+    collector, reason = open_gpu_collector(workload_labels=resolve, detector=detector,
+                                           xid_sink=hub.nvml_xid)
     if collector is None:
         log.info("GPU health off: %s", reason)       # no driver, no GPU, no pynvml
     else:
+        hub.set_gpus(collector.gpus)                 # before the first XID can arrive
+        collector.start()                            # the event thread
         registry.register(collector)
         ...
         collector.close()                            # joins the event thread, nvmlShutdown
+
+XIDs are not counted here: each NVML XID event goes to
+`xid_sink(gpu, xid, processes)`, the kernel-log hub's nvml_xid, which merges
+it with the kernel log's report of the same XID and exports the count
+(collectors/gpu_kmsg.py). The other NVML events are counted here.
 
 `workload_labels(pid) -> dict[str, str]` names the workload owning a GPU
 process; its keys become extra labels of the per-process families and are
@@ -50,6 +59,8 @@ _LABEL_NAME = re.compile(r"^[a-zA-Z_][a-zA-Z0-9_]*$")
 _RESERVED = {"gpu", "uuid", "model", "pid", "__name__"}
 
 WorkloadLabels = Callable[[int], dict]
+# (gpu, xid, processes on that GPU): gpu is None for a handle not enumerated
+XidSink = Callable[[Gpu, int, list], None]
 
 
 def cgroup_workload_labels(topo: Topology) -> WorkloadLabels:
@@ -63,13 +74,13 @@ class GpuCollector:
 
     def __init__(self, nvml, gpus: list[Gpu], lost_at_start: list[Gpu] = (), *,
                  workload_labels: WorkloadLabels | None = None, topology: Topology | None = None,
-                 detector=None, driver_version: str = "",
-                 event_wait_ms: int = 500, xid_sink=None):
+                 xid_sink: XidSink, detector=None, driver_version: str = "",
+                 event_wait_ms: int = 500):
         self.nvml = nvml
         self.topology = topology or Topology()
         self.workload_labels = workload_labels or cgroup_workload_labels(self.topology)
-        self.detector = detector      # a detect.gpu.GpuDetector, fed XIDs as they come
-        self.xid_sink = xid_sink      # (gpu, xid, processes): merged and exported there
+        self.detector = detector      # a detect.gpu.GpuDetector: every GPU's kinds from the start
+        self.xid_sink = xid_sink      # (gpu, xid, processes): merged, counted and exported there
         self.driver_version = driver_version
         self.gpus = sorted([*gpus, *lost_at_start], key=lambda g: g.index)
         self._by_index = {g.index: g for g in self.gpus}
@@ -77,7 +88,6 @@ class GpuCollector:
         self._reasons = nv.clock_event_reasons(nvml)
         self._lock = threading.Lock()           # counters shared with the event thread
         self._scrape_lock = threading.Lock()    # concurrent scrapes would race on detector state
-        self._xids: dict[tuple[int | None, int], int] = {}
         self._events: dict[tuple[int | None, str], int] = {}
         self._bad_workload_fn = False
         self.events = EventWatcher(nvml, gpus, self._on_event, event_wait_ms)
@@ -106,24 +116,18 @@ class GpuCollector:
             nv.shutdown(self.nvml)
 
     def _on_event(self, gpu: Gpu | None, label: str, data: int) -> None:
-        index = gpu.index if gpu else None
-        with self._lock:
-            if label == "xid":
-                if self.xid_sink is None:
-                    self._xids[(index, data)] = self._xids.get((index, data), 0) + 1
-            else:
+        if label != "xid":
+            index = gpu.index if gpu else None
+            with self._lock:
                 self._events[(index, label)] = self._events.get((index, label), 0) + 1
-        if label == "xid":
-            procs = []
-            if gpu is not None and gpu.handle is not None:
-                try:
-                    procs = self._process_records(running_processes(self.nvml, gpu.handle), {})
-                except nv.GpuLost:
-                    pass
-            if self.xid_sink is not None:
-                self.xid_sink(gpu, data, procs)
-            elif self.detector is not None:
-                self.detector.xid(gpu.labels if gpu else UNKNOWN_GPU, data, procs)
+            return
+        procs = []
+        if gpu is not None and gpu.handle is not None:
+            try:
+                procs = self._process_records(running_processes(self.nvml, gpu.handle), {})
+            except nv.GpuLost:
+                pass
+        self.xid_sink(gpu, data, procs)
 
     # -- workload attribution ------------------------------------------------
 
@@ -225,19 +229,14 @@ class GpuCollector:
         return _lv(gpu) if gpu is not None else [UNKNOWN_GPU[k] for k in GPU_LABELS]
 
     def _event_families(self):
-        xid = CounterMetricFamily("tracehound_gpu_xid_errors",
-                                  "XID (critical error) events reported by the driver, by XID number.",
-                                  labels=[*GPU_LABELS, "xid"])
         ev = CounterMetricFamily("tracehound_gpu_events",
                                  "Other NVML events: single/double-bit ECC, PState and clock changes.",
                                  labels=[*GPU_LABELS, "type"])
         with self._lock:
-            xids, events = dict(self._xids), dict(self._events)
-        for (index, number), n in sorted(xids.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
-            xid.add_metric([*self._gpu_lv(index), str(number)], n)
+            events = dict(self._events)
         for (index, label), n in sorted(events.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
             ev.add_metric([*self._gpu_lv(index), label], n)
-        return [ev] if self.xid_sink is not None else [xid, ev]
+        return [ev]
 
     def _process_rows(self, samples, wl_cache):
         """Rows (gpu, pid, used bytes, workload labels, misplaced or None),
@@ -350,12 +349,12 @@ def _discover(nvml, topo: Topology):
     return (nvml, gpus, lost, driver), ""
 
 
-def open_gpu_collector(workload_labels: WorkloadLabels | None = None, *, nvml=None,
-                       root: str = "/", start: bool = True, event_wait_ms: int = 500,
-                       detector=None, xid_sink=None):
+def open_gpu_collector(workload_labels: WorkloadLabels | None = None, *, xid_sink: XidSink,
+                       nvml=None, root: str = "/", event_wait_ms: int = 500, detector=None):
     """(GpuCollector, one-line summary) or (None, one-line reason it cannot run).
 
-    start=True starts the event thread; the caller owns close().
+    The event thread is not started: the caller gives the GPUs to whatever
+    receives the XIDs, then calls start(); it owns close().
     """
     topo = Topology(root)
     found, reason = _discover(nvml, topo)
@@ -366,10 +365,8 @@ def open_gpu_collector(workload_labels: WorkloadLabels | None = None, *, nvml=No
         nv.shutdown(nvml)
         return None, "no NVIDIA GPU found"
     col = GpuCollector(nvml, gpus, lost, workload_labels=workload_labels, topology=topo,
-                       detector=detector, driver_version=driver, event_wait_ms=event_wait_ms,
-                       xid_sink=xid_sink)
-    if start:
-        col.start()
+                       xid_sink=xid_sink, detector=detector, driver_version=driver,
+                       event_wait_ms=event_wait_ms)
     summary = f"{len(gpus) + len(lost)} GPU(s), driver {driver or 'unknown'}"
     if lost:
         summary += f", lost: {', '.join(str(g.index) for g in lost)}"

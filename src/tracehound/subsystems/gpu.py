@@ -76,7 +76,7 @@ class GpuSubsystem(Subsystem):
     def start(self) -> None:
         self.collector, self.summary = open_gpu_collector(
             workload_labels=self.ctx.owners.of_pid, detector=self.detector,
-            xid_sink=self.kmsg.nvml_xid, start=False)
+            xid_sink=self.kmsg.nvml_xid)
         if self.collector is not None:
             # identities first: an XID must find its GPU from the first event
             self.kmsg.set_gpus(self.collector.gpus)
