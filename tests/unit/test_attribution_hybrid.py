@@ -2,12 +2,7 @@
 import pytest
 
 from tests.unit.fixtures.fakeproc import FakeClock, add_cgroup, add_process
-from tracehound.attribution.cgroup_v1 import (
-    host_has_v1_hierarchies,
-    v1_path_of_cgroup,
-    v1_path_of_pid,
-    v1_paths_in_cgroup,
-)
+from tracehound.attribution.cgroup_v1 import host_has_v1_hierarchies, v1_path_of_pid
 from tracehound.attribution.procs import parse_proc_cgroup
 from tracehound.attribution.resolver import WorkloadResolver
 from tracehound.attribution.workload import Workload
@@ -39,18 +34,6 @@ def test_parse_proc_cgroup():
     assert paths["cpu"] == paths["cpuacct"] == "/"
     assert paths["name=systemd"] == SLURMD and paths[""] == SLURMD
     assert parse_proc_cgroup("0::/init.scope\n") == {"": "/init.scope"}
-
-
-def test_v1_path_of_cgroup_uses_the_first_process(host):
-    cg, proc = host
-    add_process(proc, 300, cgroup=v1_cgroup(freezer="/slurm/uid_1000/job_42/step_0/task_0"))
-    add_process(proc, 301, cgroup=v1_cgroup(freezer="/slurm/uid_1000/job_43/step_0/task_0"))
-    d = add_cgroup(cg, SLURMD, [300, 301])
-    assert v1_path_of_cgroup(d, proc_root=str(proc)) == "/slurm/uid_1000/job_42/step_0/task_0"
-    assert v1_path_of_cgroup(d, ("memory",), str(proc)) == "/"
-    assert v1_path_of_cgroup(add_cgroup(cg, "/empty.scope"), proc_root=str(proc)) is None
-    assert v1_paths_in_cgroup(d, proc_root=str(proc)) == [
-        "/slurm/uid_1000/job_42/step_0/task_0", "/slurm/uid_1000/job_43/step_0/task_0"]
 
 
 def test_controllers_are_tried_in_order(host):

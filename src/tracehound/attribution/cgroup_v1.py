@@ -1,4 +1,4 @@
-"""cgroup v1 paths of the processes in a cgroup v2 directory (hybrid hosts).
+"""cgroup v1 paths of processes on hybrid hosts (v1 controllers beside cgroup v2).
 
 On a hybrid host (v1 controllers next to the unified v2 tree, typically
 mounted at /sys/fs/cgroup/unified) Slurm's cgroup/v1 plugin builds its job hierarchy in
@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .procs import proc_cgroups, read_pids
+from .procs import proc_cgroups
 
 SLURM_V1_CONTROLLERS = ("freezer", "cpuset", "memory")
 
@@ -28,30 +28,6 @@ def v1_path_of_pid(pid: int, controllers: Sequence[str] = SLURM_V1_CONTROLLERS,
         if ctl in paths:
             return paths[ctl]
     return None
-
-
-def v1_path_of_cgroup(cgroup_dir: str, controllers: Sequence[str] = SLURM_V1_CONTROLLERS,
-                      proc_root: str = "/proc") -> str | None:
-    """The v1 path of the first process in the v2 cgroup `cgroup_dir`
-    (only that cgroup, not its descendants); None if it has no processes
-    or the host has none of `controllers` as v1."""
-    for pid in read_pids(cgroup_dir):
-        path = v1_path_of_pid(pid, controllers, proc_root)
-        if path is not None:
-            return path
-    return None
-
-
-def v1_paths_in_cgroup(cgroup_dir: str, controllers: Sequence[str] = SLURM_V1_CONTROLLERS,
-                       proc_root: str = "/proc", limit: int = 256) -> list[str]:
-    """The v1 paths of up to `limit` processes of the v2 cgroup (itself
-    only), one entry per process that has one."""
-    out = []
-    for pid in read_pids(cgroup_dir)[:limit]:
-        path = v1_path_of_pid(pid, controllers, proc_root)
-        if path is not None:
-            out.append(path)
-    return out
 
 
 def host_has_v1_hierarchies(proc_root: str = "/proc") -> bool:

@@ -71,12 +71,6 @@ def read_pids(cgroup_dir: str, limit: int = MAX_PIDS) -> tuple[list[int], bool]:
     return pids[:limit], cut or len(pids) > limit
 
 
-def pid_state(pid: int, proc_root: str = "/proc") -> str | None:
-    """One of STATES, or None for a process that is gone."""
-    got = _pid_stat(pid, proc_root)
-    return None if got is None else got[0]
-
-
 def _pid_stat(pid: int, proc_root: str) -> tuple[str, int] | None:
     """(state, resident pages) of a process, or None when it is gone."""
     raw = _read(f"{proc_root}/{pid}/stat")
