@@ -52,7 +52,9 @@ class ChaosRun:
         if proc.poll() is None:
             proc.kill()
         self.code = proc.wait(timeout=30)
-        time.sleep(0.2)    # the reader threads drain the pipes
+        # the reader threads have drained both pipes once they hit end of file
+        out.closed.wait(30)
+        err.closed.wait(30)
         self.out, self.err = out.text(), err.text()
         reports = glob.glob(f"{self.tmp}/report/*-journal.json")
         self.record = json.loads(Path(reports[0]).read_text()) if reports else {}

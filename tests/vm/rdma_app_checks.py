@@ -22,7 +22,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rdma_guest_checks import (CG, DEVICE, GRACE_S, NO_CAP_IPC_LOCK, PY, TYPES, Agent,  # noqa: E402
-                               App, Checks, Lines, anomaly_events, kernel_counts, setup_rxe,
+                               App, Checks, Lines, anomaly_events, kernel_counts, link_local_ready,
+                               listening, setup_rxe,
                                wait_until)
 
 APP_CG = "/rdmatest/app"
@@ -77,9 +78,10 @@ def clean_runs(c: Checks, agent: Agent) -> None:
     in_app = {r[1] for r in rows if len(r) >= 9 and r[-2] == "yes"}
     c.record("rdma_show_app_column", show.returncode == 0 and in_app >= set(TYPES)
              and "objects (kernel/mirror/app)" in show.stdout, show.stdout + show.stderr)
-    time.sleep(GRACE_S + 1.5)
-    c.record("pyverbs_no_view_anomaly", not view_anomalies(agent, pid=app.pid),
-             view_anomalies(agent, pid=app.pid))
+    looked = agent.detector_turns(GRACE_S + 1.5)
+    c.record("pyverbs_no_view_anomaly", looked and not view_anomalies(agent, pid=app.pid),
+             f"detector looked past the grace period: {looked}; "
+             f"anomalies {view_anomalies(agent, pid=app.pid)}")
     app.exit()
 
     # ibv_rc_pingpong and perftest's ib_write_bw: a server and a client on rxe0
@@ -89,9 +91,10 @@ def clean_runs(c: Checks, agent: Agent) -> None:
             ("perftest_no_view_anomaly", ["ib_write_bw", "-d", DEVICE, "-x", "0", "-n", "500",
                                           "-s", "65536"], "18516")):
         ok, out = client_server(argv, port)
-        time.sleep(GRACE_S + 1.5)
+        looked = agent.detector_turns(GRACE_S + 1.5)
         bad = view_anomalies(agent, comm=argv[0][:15])
-        c.record(check, ok and not bad, f"{out}\n{bad}")
+        c.record(check, ok and looked and not bad,
+                 f"{out}\ndetector looked past the grace period: {looked}; anomalies {bad}")
 
 
 def client_server(argv: list[str], port: str) -> tuple[bool, str]:
@@ -100,7 +103,13 @@ def client_server(argv: list[str], port: str) -> tuple[bool, str]:
     procs = f"{CG}{APP_CG}/cgroup.procs"
     run = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', procs, *argv, "-p", port]
     server = subprocess.Popen(run, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    time.sleep(1.5)
+    # the client connects to the server's TCP port to exchange QP numbers,
+    # then to the server's link-local GID, usable once no longer tentative
+    wait_until(link_local_ready, 15, 0.2)
+    if not wait_until(lambda: listening(int(port)) or server.poll() is not None, 60, 0.05) \
+            or server.poll() is not None:
+        server.kill()
+        return False, f"{argv[0]} server never listened on {port}: {server.communicate()[0]}"
     client = subprocess.run(run + ["localhost"], capture_output=True, text=True, timeout=180)
     try:
         server_out = server.communicate(timeout=60)[0]
@@ -161,14 +170,14 @@ def killed_mid_setup(c: Checks, agent: Agent, binary: str) -> None:
     pids, leftovers = [], []
     for _ in range(3):
         app = Misuse(binary, "churn")
-        time.sleep(rng.uniform(0.05, 0.4))
+        time.sleep(rng.uniform(0.05, 0.4))   # a random moment of its loop: the workload
         app.proc.send_signal(signal.SIGKILL)
         app.proc.wait(timeout=30)
         pids.append(app.pid)
     gone = wait_until(lambda: not any(kernel_counts(p) for p in pids), 15)
     # the agent drops a dead process's records one grace period after it died
     dropped = wait_until(lambda: not app_counts(agent), GRACE_S + 5, 0.3)
-    time.sleep(1.5)
+    dropped = dropped and agent.detector_turns(1.5)
     for p in pids:
         leftovers += view_anomalies(agent, pid=p) + anomaly_events(agent, "leaked_objects", pid=p)
     c.record("killed_mid_setup_leaves_nothing", gone and dropped and not leftovers,

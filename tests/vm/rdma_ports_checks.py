@@ -22,7 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
-from rdma_guest_checks import DEVICE, NETDEV, Checks, setup_rxe, sh, wait_until  # noqa: E402
+from rdma_guest_checks import (DEVICE, NETDEV, Checks, link_local_ready, listening,  # noqa: E402
+                               setup_rxe, sh, wait_until)
 
 from tracehound.collectors.rdma_ports import RdmaPortCollector  # noqa: E402
 from tracehound.detect.rdma_ports import PortWatcher  # noqa: E402
@@ -56,24 +57,6 @@ def scrape(reader: PortReader) -> dict:
             for fam in text_string_to_metric_families(text) for s in fam.samples}
 
 
-def listening(port: int) -> bool:
-    """Whether a TCP socket listens on `port`, without connecting to it (the
-    pingpong server accepts exactly one connection)."""
-    for table in ("/proc/net/tcp", "/proc/net/tcp6"):
-        for line in Path(table).read_text().splitlines()[1:]:
-            local, state = line.split()[1], line.split()[3]
-            if state == "0A" and int(local.rsplit(":", 1)[1], 16) == port:
-                return True
-    return False
-
-
-def link_local_ready() -> bool:
-    """The default GID is the netdev's link-local address: while that is
-    tentative (duplicate address detection), connecting a QP to it fails."""
-    out = sh(f"ip -6 addr show dev {NETDEV} scope link")
-    return "inet6" in out and "tentative" not in out
-
-
 def pingpong() -> tuple[bool, str]:
     wait_until(link_local_ready, 15, 0.2)
     server = subprocess.Popen(PINGPONG, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
@@ -104,11 +87,19 @@ def counters_scenario(c: Checks, reader: PortReader) -> None:
     ok, out = pingpong()
     c.timing("pingpong_s", time.monotonic() - t0)
     c.record("pingpong_ran", ok, out)
-    time.sleep(0.1)         # past the kernel's hw_counters cache lifespan
-    t0 = time.monotonic()
-    after = rxe_port(reader)
-    c.timing("reader_read_s", time.monotonic() - t0)
-    plain = sysfs_hw_counters()
+    # the kernel refreshes hw_counters at most once per lifespan (10 ms): the
+    # reader and a plain sysfs read agree once both came from one refresh
+    reads = []
+
+    def both_read_alike():
+        t0 = time.monotonic()
+        after = rxe_port(reader)
+        c.timing("reader_read_s", time.monotonic() - t0)
+        reads[:] = [after, sysfs_hw_counters()]
+        return after is not None and after.hw_counters == reads[1]
+
+    wait_until(both_read_alike, 10, 0.05)
+    after, plain = reads
     c.record("reader_matches_sysfs", after is not None and after.hw_counters == plain
              and after.counters == {}, f"reader {after and after.hw_counters}\nsysfs {plain}")
     m = scrape(reader)
