@@ -19,7 +19,7 @@ from tracehound.gpu.kmsg import (
     parse_record,
 )
 
-from .test_gpu_events import wait_for
+from .waiting import DEADLINE_S, wait_for, wait_until
 
 # -- records ------------------------------------------------------------------
 
@@ -199,6 +199,7 @@ class FakeRing:
         self.records = {}
         self.first = self.next = first_seq
         self.opened = 0
+        self.idle_reads = 0     # reads that found no record (the watcher's idle rounds)
 
     def log(self, *messages):
         with self.lock:
@@ -230,7 +231,9 @@ class FakeReader:
             if rec is not None:
                 self.pos += 1
                 return rec
-        time.sleep(min(timeout, 0.005))
+        time.sleep(min(timeout, 0.005))     # a quiet log: poll() waits a little
+        with self.ring.lock:
+            self.ring.idle_reads += 1
         return None
 
     def close(self):
@@ -255,7 +258,7 @@ class Run:
 
     def __enter__(self):
         self.w.start()
-        assert self.w.wait_caught_up(5)
+        assert self.w.wait_caught_up(DEADLINE_S)
         return self
 
     def __exit__(self, *exc):
@@ -404,6 +407,14 @@ def test_unreadable_state_is_ignored_with_a_warning(state, content, caplog):
     assert saved(state) == {"seq": 1, "boot_id": "boot-a"}
 
 
+def idle_rounds(ring, rounds=3):
+    """Wait until the watcher has gone through `rounds` whole idle rounds
+    (a read that found nothing, and the save that follows it) from now."""
+    with ring.lock:
+        target = ring.idle_reads + rounds + 1     # the read after a round ends it
+    wait_until(lambda: ring.idle_reads >= target, f"{rounds} idle rounds of the watcher")
+
+
 def test_state_is_saved_at_most_once_per_interval_and_on_stop(state):
     now = [100.0]
     ring = FakeRing()
@@ -413,14 +424,15 @@ def test_state_is_saved_at_most_once_per_interval_and_on_stop(state):
         for n in range(5):
             ring.log(xid(n))
             assert wait_for(lambda: len(r.events) == n + 2)
-        time.sleep(0.15)    # idle rounds: still inside the interval
+        idle_rounds(ring)   # each one saves if it may: still inside the interval
         assert r.w.state_writes == 1 and saved(state)["seq"] == 0
         now[0] += 1.0
         assert wait_for(lambda: r.w.state_writes == 2)
         assert saved(state)["seq"] == 5
         ring.log(NOISE)
-        time.sleep(0.15)
-        assert saved(state)["seq"] == 5
+        assert wait_for(lambda: r.w.records_read == 7)
+        idle_rounds(ring)
+        assert r.w.state_writes == 2 and saved(state)["seq"] == 5
     assert r.w.state_writes == 3 and saved(state)["seq"] == 6
 
 
@@ -443,7 +455,7 @@ def test_a_failing_handler_does_not_stop_the_watcher(state):
         raise RuntimeError("handler bug")
     w = KmsgWatcher(state_file=state, on_event=handler, open_source=ring.open,
                     boot_id=lambda: "b", poll_s=0.05).start()
-    assert w.wait_caught_up(5) and w.running
+    assert w.wait_caught_up(DEADLINE_S) and w.running
     assert w.stop()
     assert seen == [13, 31]
 
@@ -473,24 +485,41 @@ def test_default_source_is_the_kernel_log_path(tmp_path):
 
 
 class BlockingSource:
-    """Blocks each read for the whole timeout, as poll() on a quiet log does."""
+    """A quiet log: each read blocks, as poll() does, until the timeout or
+    until the test releases it."""
+
+    def __init__(self):
+        self.reads = 0
+        self.reading = threading.Event()
+        self.release = threading.Event()
+        self.closed = False
 
     def read(self, timeout):
-        time.sleep(timeout)
+        self.reads += 1
+        self.reading.set()
+        self.release.wait(timeout)
         return None
 
     def close(self):
-        pass
+        self.closed = True
 
 
-def test_stop_returns_promptly(state):
-    w = KmsgWatcher(state_file=state, open_source=BlockingSource, boot_id=lambda: None,
-                    poll_s=0.2).start()
-    time.sleep(0.05)
-    t0 = time.monotonic()
-    assert w.stop()
-    assert time.monotonic() - t0 < 0.6
-    assert not w.running
+def test_stop_ends_the_watcher_after_the_read_in_progress(state):
+    source = BlockingSource()
+    # a poll far longer than the test: only the release ends the blocked read
+    w = KmsgWatcher(state_file=state, open_source=lambda: source, boot_id=lambda: None,
+                    poll_s=3600).start()
+    assert source.reading.wait(DEADLINE_S)
+    stopped = []
+    stopper = threading.Thread(target=lambda: stopped.append(w.stop()), daemon=True)
+    stopper.start()
+    # released only once the stop is asked for, so a read begun after it is seen
+    wait_until(lambda: w._stop.is_set(), "stop() to ask the watcher to end")
+    source.release.set()            # the read in progress returns, as poll() would
+    stopper.join(DEADLINE_S)
+    assert stopped == [True] and not w.running
+    assert source.reads == 1        # no read begun after stop() was asked
+    assert source.closed
 
 
 def test_watcher_can_be_started_again_after_stop(state):
@@ -513,10 +542,11 @@ class FailingReader(FakeReader):
     def __init__(self, ring, good):
         super().__init__(ring)
         self.good = good
+        self.failures = 0
 
     def read(self, timeout):
         if self.good == 0:
-            time.sleep(0.01)
+            self.failures += 1
             raise OSError(5, "Input/output error")
         self.good -= 1
         return super().read(timeout)
@@ -528,10 +558,11 @@ def test_stopping_before_the_saved_position_is_reached_keeps_it(state, caplog):
     with Run(ring, state):
         pass
     assert saved(state)["seq"] == 9
+    reader = FailingReader(ring, 4)
     w = KmsgWatcher(state_file=state, on_event=lambda ev: None, boot_id=lambda: "boot-a",
-                    open_source=lambda: FailingReader(ring, 4), poll_s=0.02).start()
+                    open_source=lambda: reader, poll_s=0.02).start()
     assert wait_for(lambda: w.records_read == 4)
-    time.sleep(0.1)
+    wait_until(lambda: reader.failures >= 3, "the watcher to retry the failing read")
     assert not w.wait_caught_up(0) and w.gpu_events == 0
     assert w.stop()
     assert saved(state)["seq"] == 9

@@ -1,7 +1,6 @@
 """Kernel-log GPU errors merged with NVML's XIDs: one count and one event per
 XID, catalog meaning on every event, the info metric, the other kernel
 counters, health gauges and their transition events."""
-import time
 from dataclasses import replace
 
 from tracehound.collectors.gpu import GpuCollector
@@ -17,8 +16,8 @@ from tracehound.host.topology import Topology
 from . import fake_nvml as fn
 from .fake_nvml import FakeGpu, FakeNvml
 from .gpu_helpers import Events, make_host, value
-from .test_gpu_events import wait_for
 from .test_gpu_health import Clock
+from .waiting import wait_for
 
 PCI = "0000:3b:00.0"
 
@@ -61,8 +60,9 @@ def test_nvml_and_kernel_log_report_one_xid_once(tmp_path):
         # and one the kernel log saw first, then NVML
         hub.kernel_event(line("NVRM: Xid (PCI:0000:3b:00): 13, Graphics Exception"))
         assert nvml.queue_event(0, fn.nvmlEventTypeXidCriticalError, 13)
-        assert wait_for(lambda: nvml.pending_events() == 0)
-        time.sleep(0.1)
+        # NVML's report of it reaches the hub as a duplicate of the kernel log's
+        assert wait_for(lambda: value(scrape(GpuKernelLogCollector(hub)),
+                                      "tracehound_gpu_xid_duplicates", source="nvml") == 1)
         f = scrape(col, GpuKernelLogCollector(hub))
         xid = "tracehound_gpu_xid_errors"
         assert value(f, xid, gpu=0, uuid="GPU-aaaa", pci_bus_id=PCI, xid=79) == 1
