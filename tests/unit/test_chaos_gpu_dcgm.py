@@ -3,12 +3,15 @@ that records every call with its time, answers `discovery -l` as a running
 or a missing host engine, and `dmon` with a field value."""
 import json
 import os
-import time
+import uuid
 
 import pytest
 
 from tracehound.chaos import faults as catalog
 from tracehound.chaos.faults import FaultError, gpu_dcgm
+from tracehound.chaos.faults.proc import kill_marked, marked_pids
+
+from .waiting import wait_until
 
 DCGMI = r'''#!/bin/sh
 here=$(dirname "$0")
@@ -42,6 +45,24 @@ def calls(d, what="test --inject"):
     return [(float(t), rest) for t, rest in (ln.split(" ", 1) for ln in lines) if what in rest]
 
 
+@pytest.fixture
+def marker():
+    """A fault id no other run on this host carries (rollback kills by it);
+    whatever still carries it when the test ends is ended."""
+    fault_id = f"dcgm-test-{uuid.uuid4().hex[:12]}"
+    yield fault_id
+    kill_marked(fault_id, None)
+
+
+def exited(pid: int) -> bool:
+    """Whether this process's child `pid` has ended (collecting it if so)."""
+    try:
+        done, _ = os.waitpid(pid, os.WNOHANG)
+    except ChildProcessError:
+        return True         # already collected
+    return done == pid
+
+
 def test_available_only_when_the_host_engine_answers(dcgmi):
     fault = catalog.get("gpu.dcgm_inject")
     assert fault.availability().ok
@@ -59,38 +80,42 @@ def test_not_installed(monkeypatch, tmp_path):
         "dcgmi (DCGM) is not installed here"
 
 
-def test_reinjects_on_a_cadence_and_rollback_stops_then_restores_the_prior(dcgmi, monkeypatch):
+def test_reinjects_until_rollback_stops_it_then_restores_the_prior(dcgmi, monkeypatch, marker):
+    # (the schedule of the re-injections is test_reinject_loop_counts_into_its_result's)
     monkeypatch.setenv("FAKE_DCGM_VALUE", "3")
     fault = catalog.get("gpu.dcgm_inject")
-    p = fault.prepare(fault.with_defaults({"field": 230, "value": 79, "interval": 0.2}), "t1")
+    p = fault.prepare(fault.with_defaults({"field": 230, "value": 79, "interval": 0.05}),
+                      marker)
     assert p.state["restore"] == "3"          # read from DCGM before the fault
     p.state.update(fault.apply(p.state))
-    time.sleep(1.3)
-    injected = calls(dcgmi)
-    # one in apply, then one about every 0.2 s from the child
-    assert 5 <= len(injected) <= 8, injected
-    gaps = [b[0] - a[0] for a, b in zip(injected[1:], injected[2:])]
-    assert all(0.1 < g < 0.5 for g in gaps), gaps
-    assert fault.observe(p.state)["reinjections"] >= 4
+    assert calls(dcgmi)[0][1] == "test --inject --gpuid 0 -f 230 -v 79"    # apply's own
+    # then the child's, each counted into its result as it goes
+    wait_until(lambda: fault.observe(p.state).get("reinjections", 0) >= 4,
+               "four re-injections by the child")
+    assert len(calls(dcgmi)) >= 5
     fault.rollback(p.state)
     after = calls(dcgmi)
     assert after[-1][1] == "test --inject --gpuid 0 -f 230 -v 3"
     assert all(c[1].endswith("-v 79") for c in after[:-1])
-    time.sleep(0.5)
-    assert calls(dcgmi) == after               # the child is gone: nothing re-injects
+    # the child and anything it ran are gone: nothing is left to re-inject
+    assert exited(p.state["pid"]) and marked_pids(marker) == []
+    assert calls(dcgmi) == after
     assert not os.path.exists(p.state["result"])
 
 
-def test_the_child_stops_by_itself_when_its_time_is_up(dcgmi):
+def test_the_child_stops_by_itself_when_its_time_is_up(dcgmi, marker):
     fault = catalog.get("gpu.dcgm_inject")
     p = fault.prepare(fault.with_defaults({"field": 230, "value": 79, "restore": 0,
-                                           "interval": 0.1, "seconds": 1}), "t2")
+                                           "interval": 0.1, "seconds": 1}), marker)
     p.state.update(fault.apply(p.state))
-    time.sleep(1.6)
-    n = len(calls(dcgmi))
-    time.sleep(0.4)
-    assert len(calls(dcgmi)) == n and n <= 12
+    wait_until(lambda: exited(p.state["pid"]), "the child to end when its 1 s is up")
+    assert marked_pids(marker) == []          # nothing it ran is left either
+    done = fault.observe(p.state)["reinjections"]
+    # slots at 0.1 s .. 0.9 s: never one at or past its time; apply's own came first
+    assert 1 <= done <= 9
+    assert len(calls(dcgmi)) == 1 + done
     fault.rollback(p.state)
+    assert calls(dcgmi)[-1][1] == "test --inject --gpuid 0 -f 230 -v 0"
 
 
 def test_no_prior_value_needs_restore(dcgmi, monkeypatch):

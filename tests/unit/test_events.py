@@ -4,7 +4,6 @@ a detector come back by sequence number, and a probe matching their fields
 detects a fault with the event that showed it."""
 import json
 import logging
-import threading
 import time
 import urllib.error
 import urllib.request
@@ -95,20 +94,37 @@ def test_the_counter_matches_every_field_and_reads_incrementally(agent_http):
 
 
 def test_detection_by_event_reports_the_event_and_the_mttd(agent_http):
-    exporter, _ = agent_http
+    exporter, log = agent_http
     emit(event="rdma_anomaly", kind="error_burst", op="reg_mr", pid=1)     # before the fault
-    spec = detect.with_defaults({"source": "events", "url": exporter.url, "timeout": 10,
+    spec = detect.with_defaults({"source": "events", "url": exporter.url, "timeout": 30,
                                  "interval": 0.1, "match": {"kind": "error_burst",
                                                             "op": "reg_mr"}}, None)
     assert spec["signal"] == "increase"
+    # the fault shows once the probe has read the page without it: reads are
+    # the baseline's, then the probe's first, then the one that finds it
+    reads = []
+    emitted = []
+    page = log.since
+
+    def since(seq):
+        answer = page(seq)
+        reads.append(seq)
+        if len(reads) == 2:
+            emitted.append(time.monotonic())
+            emit(event="rdma_anomaly", kind="error_burst", op="reg_mr", pid=42)
+        return answer
+    log.since = since
     baseline = detect.take_baseline(spec)
-    applied = time.monotonic()
-    threading.Timer(0.5, emit, kwargs={"event": "rdma_anomaly", "kind": "error_burst",
-                                       "op": "reg_mr", "pid": 42}).start()
+    # the fault's time, however long before this probe begins (others may run
+    # first): 5 s here
+    applied = time.monotonic() - 5.0
     result = detect.run_detection(spec, applied, baseline, fault="rdma.memlock")
+    returned = time.monotonic()
     assert result["detected"] is True and result["tracehound_signal"] is True
-    assert 0.4 <= result["mttd_seconds"] < 5
-    assert result["event"]["pid"] == 42 and result["value"] == 1.0
+    assert len(reads) == 3 and result["event"]["pid"] == 42 and result["value"] == 1.0
+    # from the fault's application (not the probe's start) to the reading that
+    # showed it, rounded to the millisecond
+    assert emitted[0] - applied - 0.001 <= result["mttd_seconds"] <= returned - applied + 0.001
     assert result["query"] == 'events{kind="error_burst",op="reg_mr"}'
 
 

@@ -13,11 +13,13 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_parse
 from prometheus_client.parser import text_string_to_metric_families as text_parse
 
-from tracehound.exporter import exposition
+from tracehound.exporter import exposition, scrape
 from tracehound.exporter.exposition import (Blocks, HistogramRows, Log2Histogram, ValueRows,
                                             render)
 from tracehound.exporter.messages import Request
 from tracehound.exporter.scrape import Scraper
+
+from .waiting import DEADLINE_S, wait_until
 
 NAMES = ("cgroup", "mountpoint", "job_id")
 SHAPE = Log2Histogram(32, 1e-9, 10)
@@ -132,14 +134,25 @@ def test_blocks_are_kept_while_used_and_forgotten_after_a_collection_without_the
 
 
 class SlowCollector:
-    def __init__(self, delay=0.3, fail=False):
+    """A collection that takes `delay` s, or until the test opens `gate`."""
+
+    def __init__(self, delay=0.0, fail=False, gated=False):
         self.calls = 0
         self.delay = delay
         self.fail = fail
+        self.collecting = threading.Event()
+        self.gate = threading.Event()
+        if not gated:
+            self.gate.set()
+        self.spent = []                 # how long each collection took, as it saw it
 
     def collect(self):
+        began = time.perf_counter()
         self.calls += 1
-        time.sleep(self.delay)
+        self.collecting.set()
+        assert self.gate.wait(DEADLINE_S)
+        time.sleep(self.delay)          # the collection's own work
+        self.spent.append(time.perf_counter() - began)
         if self.fail:
             raise OSError("map read failed")
         c = CounterMetricFamily("t_calls", "Calls.", labels=["x"])
@@ -153,45 +166,71 @@ def scraper(collector):
     return Scraper(registry)
 
 
-def test_concurrent_scrapes_share_one_collection():
-    collector = SlowCollector()
+def joining(monkeypatch):
+    """A list that grows by one as each scrape joins a collection already
+    running (and starts waiting for it)."""
+    joined = []
+    wait = scrape._Pending.wait
+
+    def counted(self):
+        joined.append(self)
+        return wait(self)
+    monkeypatch.setattr(scrape._Pending, "wait", counted)
+    return joined
+
+
+def burst(s, collector, joined, count, scrape_once):
+    """`count` scrapes: the first collects, and holds its collection open
+    until every other one has joined it."""
+    threads = [threading.Thread(target=scrape_once, daemon=True) for _ in range(count)]
+    threads[0].start()
+    try:
+        assert collector.collecting.wait(DEADLINE_S)
+        for t in threads[1:]:
+            t.start()
+        wait_until(lambda: len(joined) == count - 1, f"{count - 1} scrapes to join the first")
+    finally:
+        collector.gate.set()
+    for t in threads:
+        t.join(DEADLINE_S)
+    assert not any(t.is_alive() for t in threads)
+
+
+def test_concurrent_scrapes_share_one_collection(monkeypatch):
+    joined = joining(monkeypatch)
+    collector = SlowCollector(gated=True)
     s = scraper(collector)
     bodies = []
-    threads = [threading.Thread(target=lambda: bodies.append(s.respond(request()).body))
-               for _ in range(4)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    burst(s, collector, joined, 4, lambda: bodies.append(s.respond(request()).body))
     assert collector.calls == 1 and s.collections == 1
     assert len(bodies) == 4 and all(b't_calls_total{x="1"} 1' in b for b in bodies)
     s.respond(request())          # one after the burst collects afresh
     assert collector.calls == 2
 
 
-def test_a_failed_shared_collection_fails_every_scrape_that_joined_it():
-    s = scraper(SlowCollector(fail=True))
+def test_a_failed_shared_collection_fails_every_scrape_that_joined_it(monkeypatch):
+    joined = joining(monkeypatch)
+    collector = SlowCollector(fail=True, gated=True)
+    s = scraper(collector)
     errors = []
 
-    def scrape():
+    def scrape_once():
         try:
             s.respond(request())
         except Exception as exc:   # noqa: BLE001
             errors.append(exc)
-    threads = [threading.Thread(target=scrape) for _ in range(3)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    assert len(errors) == 3
+    burst(s, collector, joined, 3, scrape_once)
+    assert collector.calls == 1 and len(errors) == 3
 
 
 def test_the_agent_reports_its_last_scrape():
-    s = scraper(SlowCollector(delay=0.05))
+    collector = SlowCollector(delay=0.05)
+    s = scraper(collector)
     s.respond(request()).body            # a scrape counts once its body is made
     second = s.respond(request()).body.decode()
     got = {fam.name: fam.samples[0].value for fam in text_parse(second)}
-    assert got["tracehound_scrape_duration_seconds"] >= 0.05
+    # the first scrape's time, which takes in its collection
+    assert got["tracehound_scrape_duration_seconds"] >= collector.spent[0]
     # the first scrape: one t_calls sample and the two scrape gauges
     assert got["tracehound_scrape_samples"] == 3
 

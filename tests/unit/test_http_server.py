@@ -4,9 +4,9 @@ scrape, a stop() that returns whatever clients hold open, readiness, gzip
 and OpenMetrics, extra WSGI routes, and the error statuses."""
 import gzip
 import http.client
+import select
 import socket
 import threading
-import time
 
 import pytest
 from prometheus_client import CollectorRegistry
@@ -19,7 +19,9 @@ from tracehound.exporter.http import HTTPServer
 from tracehound.exporter.messages import Response
 from tracehound.exporter.server import Exporter
 
-TIMEOUT = 5     # generous: a server that stalls fails the test instead of hanging it
+from .waiting import DEADLINE_S, wait_until
+
+TIMEOUT = DEADLINE_S    # generous: a server that stalls fails the test instead of hanging it
 
 
 class Temperature:
@@ -174,8 +176,10 @@ def test_idle_connections_beyond_the_bound_are_evicted_not_queued(serve):
 
 def test_a_connection_beyond_the_bound_is_refused_when_all_are_busy(serve):
     release = threading.Event()
+    inside = threading.Semaphore(0)
 
     def slow(environ, start_response):
+        inside.release()
         release.wait(TIMEOUT)
         start_response("200 OK", [])
         return [b"done"]
@@ -183,7 +187,8 @@ def test_a_connection_beyond_the_bound_is_refused_when_all_are_busy(serve):
     exporter = serve(max_connections=2, routes={"/slow": slow})
     busy = held(exporter, 2, b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n")
     try:
-        time.sleep(0.2)                     # both requests are inside the app now
+        for _ in busy:                       # both requests are inside the app now
+            assert inside.acquire(timeout=TIMEOUT)
         with connect(exporter) as extra:     # answered at once, before any request
             answer = extra.recv(4096)
         assert answer.startswith(b"HTTP/1.1 503 ") and b"Connection: close" in answer
@@ -194,53 +199,90 @@ def test_a_connection_beyond_the_bound_is_refused_when_all_are_busy(serve):
         close_all(busy)
 
 
+def closed_by_server(sock) -> bool:
+    """Whether reading shows the server's end of file (or reset): a client
+    timeout (TIMEOUT, far beyond any idle_timeout here) raises instead."""
+    try:
+        return sock.recv(1024) == b""
+    except ConnectionResetError:
+        return True
+
+
 def test_an_idle_connection_is_closed_after_the_idle_timeout(serve):
     exporter = serve(idle_timeout=0.5)
-    with connect(exporter) as quiet, connect(exporter) as partial:
+    with connect(exporter) as quiet, connect(exporter) as partial, connect(exporter) as used:
         partial.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\n")   # head never ends
-        began = time.monotonic()
-        assert quiet.recv(1024) == b""       # closed by the server, not by our timeout
-        assert partial.recv(1024) == b""
-        assert 0.4 <= time.monotonic() - began < TIMEOUT
+        used.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        answer = b""
+        while not answer.endswith(b"ok\n"):
+            chunk = used.recv(1024)
+            assert chunk, f"closed before its answer: {answer!r}"
+            answer += chunk
+        # answered and kept open, then idle from the end of its response
+        assert answer.startswith(b"HTTP/1.1 200 ") and b"Connection: close" not in answer
+        assert closed_by_server(quiet)
+        assert closed_by_server(partial)
+        assert closed_by_server(used)
 
 
 def test_a_slow_dripping_request_head_is_dropped_at_the_deadline(serve):
+    # a byte every 50 ms keeps a per-read timeout of 0.5 s from ever expiring:
+    # only a deadline for the whole head ends this connection
     exporter = serve(idle_timeout=0.5)
     with connect(exporter) as sock:
-        began = time.monotonic()
-        closed = False
-        for byte in b"GET /metrics HTTP/1.1\r\nHost: x\r\n":
+        sock.sendall(b"GET /metrics HTTP/1.1\r\nHost: x\r\nX-Drip: ")
+        closed = []
+
+        def drip_until_closed():
+            readable, _, _ = select.select([sock], [], [], 0.05)
+            if readable:
+                closed.append(closed_by_server(sock))
+                return True
             try:
-                sock.sendall(bytes([byte]))
+                sock.sendall(b"a")          # the head never ends
             except OSError:
-                closed = True
-                break
-            time.sleep(0.1)
-            if time.monotonic() - began > 1.5:
-                break
-        if not closed:
-            sock.settimeout(TIMEOUT)
-            try:
-                closed = sock.recv(1024) == b""
-            except ConnectionResetError:
-                closed = True
-        assert closed and time.monotonic() - began < 2.5
+                closed.append(True)
+                return True
+            return False
+        wait_until(drip_until_closed, "the server to drop a connection that drips its head")
+        assert closed == [True]
 
 
-@pytest.mark.parametrize("hold", [
-    pytest.param(lambda e: held(e, 50), id="idle"),
-    pytest.param(lambda e: held(e, 50, b"GET /metrics HTTP/1.1\r\nHost"), id="slowloris"),
-    pytest.param(lambda e: held(e, 3, b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n"), id="not-reading"),
-    pytest.param(lambda e: held(e, 3, b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n"), id="in-app"),
+def answer_begun(sock) -> bool:
+    readable, _, _ = select.select([sock], [], [], 0)
+    return bool(readable)
+
+
+@pytest.mark.parametrize("count,sent,kind", [
+    pytest.param(50, b"", "idle", id="idle"),
+    pytest.param(50, b"GET /metrics HTTP/1.1\r\nHost", "idle", id="slowloris"),
+    pytest.param(3, b"GET /big HTTP/1.1\r\nHost: x\r\n\r\n", "answering", id="not-reading"),
+    pytest.param(3, b"GET /slow HTTP/1.1\r\nHost: x\r\n\r\n", "in-app", id="in-app"),
 ])
-def test_stop_returns_while_clients_hold_connections(serve, hold):
+def test_stop_returns_while_clients_hold_connections(serve, count, sent, kind):
     big = b"x" * (32 << 20)                  # far more than the socket buffers hold
+    inside = threading.Semaphore(0)
+    release = threading.Event()
+
+    def slow(environ, start_response):
+        inside.release()
+        release.wait(TIMEOUT)                # held until after stop() has returned
+        start_response("200 OK", [])
+        return [b""]
+
     exporter = serve(routes={"/big": lambda env, sr: (sr("200 OK", []), [big])[1],
-                             "/slow": lambda env, sr: (time.sleep(3), sr("200 OK", []),
-                                                       [b""])[2]})
-    socks = hold(exporter)
+                             "/slow": slow})
+    socks = held(exporter, count, sent)
     try:
-        time.sleep(0.3)                      # let the server start on each of them
+        # the server holds every one of them before it is stopped
+        server = exporter._server
+        wait_until(lambda: len(server._slots) == count, f"the server to take all {count}")
+        if kind == "in-app":
+            for _ in socks:
+                assert inside.acquire(timeout=TIMEOUT)
+        if kind == "answering":
+            wait_until(lambda: all(answer_begun(sock) for sock in socks),
+                       "the server to start answering each client")
         stopper = threading.Thread(target=exporter.stop, daemon=True)
         stopper.start()
         stopper.join(TIMEOUT)
@@ -248,6 +290,7 @@ def test_stop_returns_while_clients_hold_connections(serve, hold):
         with pytest.raises(OSError):
             socket.create_connection(("127.0.0.1", exporter.port), timeout=1).close()
     finally:
+        release.set()
         close_all(socks)
 
 
