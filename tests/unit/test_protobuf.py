@@ -7,17 +7,14 @@ from array import array
 from itertools import accumulate
 
 import pytest
-
-pytest.importorskip("google.protobuf", reason="decoding the exposition needs the protobuf package")
-
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory  # noqa: E402
-from prometheus_client import CollectorRegistry, Counter, Histogram  # noqa: E402
-from prometheus_client.core import (  # noqa: E402
+from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
+from prometheus_client import CollectorRegistry, Counter, Histogram
+from prometheus_client.core import (
     CounterMetricFamily, GaugeHistogramMetricFamily, GaugeMetricFamily, HistogramMetricFamily,
     InfoMetricFamily, StateSetMetricFamily, SummaryMetricFamily, UnknownMetricFamily)
-from prometheus_client.samples import Timestamp  # noqa: E402
+from prometheus_client.samples import Timestamp
 
-from tracehound.exporter import protobuf  # noqa: E402
+from tracehound.exporter import protobuf
 
 # client_model's metrics.proto (proto2). "*" marks a repeated field; a
 # capitalised type is a message of this file, except the MetricType enum.
