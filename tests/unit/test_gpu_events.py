@@ -145,7 +145,7 @@ def test_no_event_set_still_scrapes(tmp_path):
 
 
 def test_ctypes_handles_compare_by_address():
-    pynvml = pytest.importorskip("pynvml")
+    import pynvml   # nvidia-ml-py, a dependency of the package
     a = ctypes.cast(ctypes.c_void_p(0x1000), pynvml.c_nvmlDevice_t)
     b = ctypes.cast(ctypes.c_void_p(0x1000), pynvml.c_nvmlDevice_t)
     c = ctypes.cast(ctypes.c_void_p(0x2000), pynvml.c_nvmlDevice_t)
