@@ -3,6 +3,7 @@ real file systems, scraped over HTTP."""
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -18,6 +19,16 @@ from tracehound.host.mounts import MountTable
 from tests.conftest import tracehound_cmd
 
 WORKER = os.path.join(os.path.dirname(__file__), "worker.py")
+
+
+def require_tools(*tools: str) -> None:
+    """Fail, naming what is missing, unless every tool is on PATH: each one
+    the kernel tier uses is installed by scripts/install --dev, so a missing
+    one is a broken install, never a reason to skip."""
+    missing = [t for t in tools if shutil.which(t) is None]
+    if missing:
+        pytest.fail(f"{', '.join(missing)} not installed: scripts/install --dev installs "
+                    f"{'it' if len(missing) == 1 else 'them'}")
 
 
 def _cgroup2_root():

@@ -15,7 +15,6 @@ import glob
 import json
 import os
 import random
-import shutil
 import signal
 import subprocess
 import sys
@@ -26,6 +25,7 @@ import uuid
 import pytest
 
 from tests.conftest import tracehound_cmd
+from tests.kernel.conftest import require_tools
 from tests.kernel.test_chaos_examples import BLKIO, blkio_path, in_netns, read, state_of
 from tracehound.chaos import scaffold
 from tracehound.chaos.faults.targets import cgroup2_root
@@ -81,10 +81,9 @@ def helper_pids(name: str) -> list[int]:
     return sorted(out)
 
 
-def netfault_programs() -> int | None:
+def netfault_programs() -> int:
     """net.loss's classifiers loaded in the kernel (a leaked one stays)."""
-    if shutil.which("bpftool") is None:
-        return None
+    require_tools("bpftool")
     out = subprocess.run(["bpftool", "-j", "prog", "show"], capture_output=True, text=True)
     return sum(1 for p in json.loads(out.stdout or "[]") if p.get("name") == "netfault")
 
@@ -193,7 +192,7 @@ def run_log(s: dict, name: str) -> str:
     return read(f"{s['tmp']}/run-{name}.log") or ""
 
 
-def settle(s: dict, journal: str, before: dict, seconds: float = 5.0) -> tuple[dict, int]:
+def settle(s: dict, journal: str, before: dict, seconds: float = 30.0) -> tuple[dict, int]:
     """(the snapshot once it equals `before` or after `seconds`, how many
     snapshots differed first): a process SIGKILLed by a rollback is gone
     only once the kernel has reaped it."""
@@ -304,8 +303,7 @@ def test_sigkill_at_each_journal_write_then_recover(rig, clean):
     so recover reads it; the step it announces not begun). The run's first
     fsync is the journal directory's, so line k's is fsync k + 1 (checked:
     the journal then holds exactly k lines)."""
-    if shutil.which("strace") is None:
-        pytest.skip("needs strace, to kill the run at an exact system call")
+    require_tools("strace")         # to kill the run at an exact system call
     s, before, records = rig, clean["before"], clean["records"]
     n = len(records)
     for k in range(0, n + 1):       # 0: the journal file created and locked, still empty

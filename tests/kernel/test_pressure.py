@@ -2,7 +2,6 @@
 stalls its own cgroup, not an idle one beside it; a stopped process shows
 as stopped in its cgroup's gauge."""
 import os
-import shutil
 import signal
 import subprocess
 import time
@@ -18,7 +17,7 @@ from tracehound.attribution.resolver import WorkloadResolver
 from tracehound.collectors.pressure import PressureCollector
 from tracehound.host import cgroup_state
 
-from .conftest import remove_cgroup
+from .conftest import remove_cgroup, require_tools
 
 
 @pytest.fixture
@@ -80,8 +79,8 @@ def series(metrics: dict, name: str, **labels) -> float | None:
     return sum(found) if found else None
 
 
-@pytest.mark.skipif(shutil.which("stress-ng") is None, reason="needs stress-ng")
 def test_a_cpu_hog_stalls_its_own_cgroup_not_an_idle_one(cgroup_root, cgroups):
+    require_tools("stress-ng")
     hog_rel, idle_rel = cgroups(2)
     hog, idle = cgroup_root + hog_rel, cgroup_root + idle_rel
     workers = max(4, 2 * (os.cpu_count() or 1))
