@@ -1,13 +1,19 @@
 """Exact byte and call accounting per (cgroup, mount) against the real kernel."""
 import json
 import os
-import shutil
 
 import pytest
 
 from tracehound.attribution.workload import WORKLOAD_LABELS
 
-from tests.kernel.conftest import exec_in_cgroup, fstype_of, mount_of, run_in_cgroup, series
+from tests.kernel.conftest import (
+    exec_in_cgroup,
+    fstype_of,
+    mount_of,
+    require_tools,
+    run_in_cgroup,
+    series,
+)
 
 MiB = 1 << 20
 
@@ -159,8 +165,8 @@ def test_dd_on_tmpfs_and_disk(agent, cgroup_root, cgroup, tmpfs, disk_dir):
     assert not [k for k in m if ("fstype", "devtmpfs") in k[1]]
 
 
-@pytest.mark.skipif(shutil.which("fio") is None, reason="fio is not installed")
 def test_fio_on_tmpfs(agent, cgroup_root, cgroup, tmpfs):
+    require_tools("fio")
     f = os.path.join(tmpfs, "fio.dat")
     common = ["fio", "--name=acc", f"--filename={f}", "--size=8M", "--bs=4k",
               "--ioengine=psync", "--output-format=terse"]
@@ -174,14 +180,30 @@ def test_fio_on_tmpfs(agent, cgroup_root, cgroup, tmpfs):
     assert series(m, "tracehound_io_read_requests_total", **lb) == 2048
 
 
+def is_counter(name: str) -> bool:
+    return name.endswith(("_total", "_count", "_bucket", "_sum"))
+
+
 def test_counters_never_decrease(agent, cgroup_root, cgroup, tmpfs):
+    """Scrapes taken between writes: every counter series present in two
+    consecutive scrapes holds or grows, and this cgroup's grow by exactly
+    what it wrote (so the check covers series that really move)."""
     f = os.path.join(tmpfs, "mono")
-    before = agent.scrape()
-    run_in_cgroup(cgroup_root, cgroup, [["write", f, 1 << 20, 4096]])
-    after = agent.scrape()
-    for key, v in before.items():
-        if key[0].endswith(("_total", "_count", "_bucket", "_sum")) and key in after:
-            assert after[key] >= v, key
+    lb = labels(cgroup, mount_of(tmpfs))
+    scrapes = []
+    for _ in range(3):
+        run_in_cgroup(cgroup_root, cgroup, [["write", f, 1 << 20, 4096]])
+        scrapes.append(agent.scrape())
+    written = [series(m, "tracehound_io_write_bytes_total", **lb) for m in scrapes]
+    calls = [series(m, "tracehound_io_write_requests_total", **lb) for m in scrapes]
+    assert written == [1 << 20, 2 << 20, 3 << 20], written
+    assert calls == [256, 512, 768], calls
+    for before, after in zip(scrapes, scrapes[1:]):
+        common = [k for k in before if is_counter(k[0]) and k in after]
+        mine = [k for k in common if ("cgroup", cgroup) in k[1]]
+        assert mine and any(after[k] > before[k] for k in mine), mine
+        fell = {k: (before[k], after[k]) for k in common if after[k] < before[k]}
+        assert not fell, fell
 
 
 def test_probe_modes_reported(agent, hook_mode):
