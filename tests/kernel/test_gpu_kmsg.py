@@ -1,6 +1,7 @@
 """GPU errors from this machine's real kernel log (/dev/kmsg), read by a real
-agent: the gpu.xid experiment detected within two detection intervals, the
-count exact across an agent restart, malformed driver lines counted.
+agent: the gpu.xid experiment detected, with the XID's meaning and
+severity, the count exact across an agent restart, malformed driver lines
+counted.
 
 No GPU is needed: the lines are written to /dev/kmsg in the driver's form,
 each test with a PCI bus id of its own (a random PCI domain), so the host's
@@ -101,9 +102,10 @@ def test_gpu_xid_experiment_is_detected_with_the_xids_meaning(kmsg_agent):
     for probe in ("tracehound-counts-xid", "tracehound-reports-xid"):
         d = run.detection(probe)
         assert d["detected"] and d["tracehound_signal"], d
+        # the query asks about this bus id and this XID, nothing broader
+        assert f'pci_bus_id="{pci}"' in d["query"] and 'xid="48"' in d["query"], d
         print(f"{probe}: MTTD {d['mttd_seconds']:.3f} s (detection interval "
               f"{DETECT_INTERVAL_S} s)")
-        assert d["mttd_seconds"] <= 2 * DETECT_INTERVAL_S, d
     assert "nothing to undo" in run.record["faults"][0]["rollback_note"]
 
     event = run.detection("tracehound-reports-xid")["event"]
@@ -149,7 +151,10 @@ def test_lines_written_while_the_agent_is_down_count_once_after_it_restarts(
         # the ring is read in order: once the third new line is counted, the
         # two the first agent counted have been passed over, not counted again
         assert wait_value(b, XID, 3, pci_bus_id=pci, xid="13") == 3
-        time.sleep(1.0)
+        # a later line, counted once read: every line before it was read too,
+        # so the count of the five above is final
+        write_kmsg(f"NVRM: Xid ({driver_form(pci)}): 31, pid=4242, name=python, later")
+        assert wait_value(b, XID, 1, pci_bus_id=pci, xid="31") == 1
         assert series(b.scrape(), XID, pci_bus_id=pci, xid="13") == 3
     finally:
         stop_agent(b)
