@@ -5,6 +5,7 @@ the report says whether tracehound saw it, and how fast."""
 import glob
 import json
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -16,6 +17,7 @@ import pytest
 
 from tests.conftest import ROOT, tracehound_cmd
 from tests.kernel.conftest import start_agent, stop_agent
+from tracehound.attribution.procs import cgroup_v2_path
 
 EXAMPLES = os.path.join(ROOT, "examples")
 BLKIO = "/sys/fs/cgroup/blkio"
@@ -118,7 +120,7 @@ def assert_detected(run: Run, probe: str, by_tracehound: bool = True) -> float:
     d = run.detection(probe)
     assert d["detected"], d
     assert d["tracehound_signal"] is by_tracehound
-    assert d["mttd_seconds"] is not None and 0 <= d["mttd_seconds"] < 20
+    assert d["mttd_seconds"] is not None and d["mttd_seconds"] >= 0, d   # after the fault
     print(f"{probe}: detected, MTTD {d['mttd_seconds']:.2f} s")
     return d["mttd_seconds"]
 
@@ -225,8 +227,8 @@ def test_proc_stress_io(agent, cgroup_root, chaos_cgroup):
     run = run_example(agent, "proc-stress-io.yaml", {"CHAOS_CGROUP": chaos_cgroup},
                       lambda: stressors(cgroup_root, chaos_cgroup) > 0)
     assert run.code == 0, run.err
-    assert run.seen[:3] == [False, True, False] or True in run.seen
-    assert run.seen[-1] is False
+    # no stressor, then stress-ng running in the cgroup, then none again
+    assert run.seen == [False, True, False], run.seen
     assert not glob.glob("/var/tmp/.tracehound-chaos-stress-*")
     assert not os.path.exists(f"{cgroup_root}{chaos_cgroup}")
     assert_detected(run, "tracehound-sees-write-bandwidth")
@@ -286,13 +288,20 @@ def test_net_loss(agent):
     flags = [f for i, f in enumerate(flags) if i == 0 or flags[i - 1] != f]
     assert flags[-3:] == [False, True, False], states
     applied = next(i for i, s in enumerate(states) if s[1])
+    assert applied > 0, states                          # the link was seen before the fault
     assert states[applied - 1] == states[-1]            # qdiscs exactly as before
     assert not os.path.exists(f"/run/netns/{ns}")
     assert_detected(run, "tracehound-sees-loss")
     assert 'cgroup="/tracehound-chaos-tcp-job"' in run.detection("tracehound-sees-loss")["query"]
     assert_detected(run, "ping-sees-loss", by_tracehound=False)
-    counters = run.record["faults"][0]["observed"]
-    assert counters.get("packets_dropped", 0) > 0 or "netem" in str(states)
+    fault = run.record["faults"][0]
+    if fault["state"]["method"] == "netem":
+        # the drop is the kernel's netem qdisc, which keeps no count for the report
+        assert all("netem" in s[0] and "loss 50%" in s[0] for s in states if s[1]), states
+    else:
+        # the tc BPF classifier counts what it dropped
+        assert fault["observed"]["packets_dropped"] > 0, fault["observed"]
+        assert fault["observed"]["packets_seen"] > fault["observed"]["packets_dropped"], fault
 
 
 def test_rdma_memlock_changes_and_restores_the_limit(agent):
@@ -306,20 +315,27 @@ def test_rdma_memlock_changes_and_restores_the_limit(agent):
             return next((ln for ln in (read(limit) or "").splitlines()
                          if ln.startswith("Max locked memory")), None)
 
-        time.sleep(0.1)
         before = watch()
+        assert before is not None and before.split()[3] != "4096", before
         run = run_example(agent, "rdma-memlock.yaml",
                           {"CHAOS_TARGET": f"thtest-memlock-{tag}$",
                            "CHAOS_DETECT_TIMEOUT": "1"}, watch)
         assert run.code == 0, run.err
         assert run.seen[0] == before and run.seen[-1] == before
         assert any(s.split()[3] == "4096" for s in run.seen), run.seen
+        # the fault took exactly the sleeper, and detection asks about its cgroup only
+        (target,) = run.record["faults"][0]["state"]["procs"]
+        assert target[0] == sleeper.pid, target
         det = run.detection("tracehound-sees-reg-mr-enomem")
+        scope = re.search(r'cgroup=~"((?:[^"\\]|\\.)*)"', det["query"] or "")
+        assert det["tracehound_signal"] and scope, det
+        assert re.fullmatch(scope.group(1).replace("\\\\", "\\"),
+                            cgroup_v2_path(sleeper.pid)), det
+        # the sleeper registers no memory, so no failed registration is counted
+        # for it, and the agent's /events answered (with no event) rather than failing
         event = run.detection("tracehound-raises-error-burst")
-        if not os.path.exists("/sys/class/infiniband"):
-            assert det["detected"] is False          # no RDMA device: nothing registers
-            # the agent's /events answered (no event), rather than failing to
-            assert event["detected"] is False and event["note"] == "", event
+        assert det["detected"] is False, det
+        assert event["detected"] is False and event["note"] == "", event
     finally:
         sleeper.kill()
         sleeper.wait()
