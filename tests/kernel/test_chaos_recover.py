@@ -146,6 +146,15 @@ rollbacks:
 """
 
 
+def chars_written(pid: int) -> int:
+    """What the process has written so far (0 once it is gone)."""
+    try:
+        with open(f"/proc/{pid}/io") as f:
+            return next(int(ln.split()[1]) for ln in f if ln.startswith("wchar:"))
+    except (OSError, StopIteration):
+        return 0
+
+
 def test_sigkill_then_recover_runs_the_experiments_own_rollbacks():
     tag = uuid.uuid4().hex[:5]
     tmp = tempfile.mkdtemp(prefix="thtest-chaos-helper-")
@@ -168,8 +177,13 @@ def test_sigkill_then_recover_runs_the_experiments_own_rollbacks():
         writer = cgroup_procs(cg_dir)[0]
         proc.kill()
         proc.wait(timeout=10)
-        time.sleep(0.3)
-        assert os.path.exists(f"/proc/{writer}") and os.listdir(data)   # outlived the run
+        # outlived the run: still writing after it was killed
+        written = chars_written(writer)
+        deadline = time.monotonic() + 30
+        while chars_written(writer) <= written:
+            assert time.monotonic() < deadline, f"the writer {writer} stopped with the run"
+            time.sleep(0.05)
+        assert os.listdir(data)
 
         out = subprocess.run(tracehound_cmd() + ["chaos", "recover", "--journal", journal],
                              capture_output=True, text=True, timeout=60)
