@@ -7,6 +7,7 @@ import time
 import pytest
 
 from tests import prometheus_server
+from tracehound.fleet import prometheus as fleet_prometheus
 from tracehound.fleet.prometheus import (
     DetectionTimeout,
     PrometheusError,
@@ -28,9 +29,12 @@ def prometheus(tmp_path_factory):
 
 
 def test_vector_and_scalar_results(prometheus):
+    before = time.time()
     (sample,) = query(prometheus, 'label_replace(vector(3), "node", "n1", "", "")')
+    after = time.time()
     assert sample.labels == {"node": "n1"} and sample.value == 3.0 and sample.name == ""
-    assert abs(sample.timestamp - time.time()) < 60
+    # evaluated at the server's "now" (Unix seconds, to the millisecond): during the call
+    assert before - 0.001 <= sample.timestamp <= after + 0.001
     (scalar,) = query(prometheus, "scalar(vector(0.5))")
     assert scalar.labels == {} and scalar.value == 0.5
     assert query(prometheus, "vector(1) > 2") == []
@@ -47,41 +51,66 @@ def test_rejected_queries_are_not_retried(prometheus):
 
 
 def test_wait_for_measures_from_the_given_start(prometheus):
-    started = time.monotonic() - 2.0
+    # a fault injected long before the wait began: its seconds count from then
+    started = time.monotonic() - 1000
+    called = time.monotonic()
     samples, seconds = wait_for(prometheus, "vector(1)", started=started)
-    assert samples[0].value == 1 and 2.0 <= seconds < 10
+    returned = time.monotonic()
+    assert samples[0].value == 1
+    assert called - started <= seconds <= returned - started
     seen = []
     samples, _ = wait_for(prometheus, "vector(time())",
                           lambda s: seen.append(s[0].value) or len(seen) >= 3, interval=0.1)
     assert len(seen) == 3
+    assert samples[0].value == seen[-1]
 
 
 def test_timeout_keeps_the_last_result(prometheus):
-    t0 = time.monotonic()
     with pytest.raises(DetectionTimeout) as late:
         wait_for(prometheus, "vector(7)", lambda s: s[0].value > 7, timeout=1, interval=0.2)
-    assert isinstance(late.value, TimeoutError)
+    assert isinstance(late.value, TimeoutError) and not late.value.retryable
+    assert str(late.value) == "'vector(7)' not satisfied within 1 s (last result: {} 7)"
     assert [s.value for s in late.value.last] == [7] and late.value.last_error is None
-    assert 1 <= time.monotonic() - t0 < 5 and late.value.seconds >= 1
 
 
-def test_unreachable_server_is_retried_until_it_answers(tmp_path):
+def test_unreachable_server_is_retried_until_it_answers(tmp_path, monkeypatch):
     prometheus_server.require()
     port = prometheus_server.free_port()
     url = f"http://127.0.0.1:{port}"
     with pytest.raises(DetectionTimeout) as down:
         wait_for(url, "vector(1)", timeout=0.5, interval=0.1)
     assert "cannot reach" in str(down.value) and down.value.last_error.retryable
+    # the server starts only once a query has failed to connect
+    refused = threading.Event()
+    answers = []
+    real_query = fleet_prometheus.query
+
+    def watched(*args, **kwargs):
+        try:
+            answers.append(real_query(*args, **kwargs))
+        except PrometheusError as exc:
+            answers.append(exc)
+            refused.set()
+            raise
+        return answers[-1]
+
+    monkeypatch.setattr(fleet_prometheus, "query", watched)
     procs = []
-    # start the server only after polling began: the first queries fail to connect
-    timer = threading.Timer(1.0, lambda: procs.append(
-        prometheus_server.launch(tmp_path, CONFIG, port)))
-    timer.start()
+
+    def start_when_refused():
+        if refused.wait(60):
+            procs.append(prometheus_server.launch(tmp_path, CONFIG, port))
+
+    starter = threading.Thread(target=start_when_refused)
+    starter.start()
     try:
-        samples, seconds = wait_for(url, "vector(1)", timeout=60, interval=0.2)
-        assert samples[0].value == 1 and seconds >= 1.0
+        samples, _ = wait_for(url, "vector(1)", timeout=60, interval=0.2)
+        assert samples[0].value == 1
+        assert "cannot reach" in str(answers[0]) and answers[0].retryable
+        assert answers[-1] == samples
     finally:
-        timer.join()
+        refused.set()
+        starter.join()
         for proc in procs:
             proc.terminate()
             proc.wait(timeout=30)

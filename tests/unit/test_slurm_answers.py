@@ -56,48 +56,51 @@ def _live_in_group(pgid):
 
 
 def _assert_group_gone(tmp_path):
+    """SIGKILL was sent to the group before the answer came back; dying takes
+    the kernel a moment, which this waits for (generously)."""
     pgid = int((tmp_path / "pid").read_text())
-    deadline = time.monotonic() + 2
+    deadline = time.monotonic() + 30
     while _live_in_group(pgid) and time.monotonic() < deadline:
         time.sleep(0.02)
     assert _live_in_group(pgid) == []
 
 
-# (name, script body, timeout, asked pid, expected answer, warning or None, at most seconds,
-#  whether the script wrote its pid to check that its process group is gone)
+# (name, script body, timeout, asked pid, expected answer, warning or None,
+#  whether the script wrote its pid to check that its process group is gone).
+# The timeout is generous where it is not what the case is about: an answer
+# that only came by killing the command would carry a "no answer" warning.
 CASES = [
-    ("valid table", f"cat <<'EOF'\n{TABLE}EOF\n", 5, 1079629, ("13074", "0+1"), None, 2, False),
-    ("node with no job", NO_STEPS, 5, 1079629, None, None, 2, False),
+    ("valid table", f"cat <<'EOF'\n{TABLE}EOF\n", 30, 1079629, ("13074", "0+1"), None, False),
+    ("node with no job", NO_STEPS, 30, 1079629, None, None, False),
     ("sleeps forever", "echo $$ > PIDFILE\nsleep 1000\n", 0.5, 1079629, None,
-     "listpids: no answer within 0.5 s; killed", 1.5, True),
+     "listpids: no answer within 0.5 s; killed", True),
+    # its exit, not the end of stdout (the child holds it), ends the answer
     ("answers, leaves a child holding stdout", f"echo $$ > PIDFILE\ncat <<'EOF'\n{TABLE}EOF\n"
-     "sleep 1000 &\nexit 0\n", 5, 3913212, ("13073", "batch"), None, 1.5, True),
-    ("prints 100 MB", "echo $$ > PIDFILE\nhead -c 100000000 /dev/zero\n", 5, 1079629, None,
-     f"listpids: printed more than {MAX_ANSWER_BYTES // 2**20} MiB; killed", 2, True),
+     "sleep 1000 &\nexit 0\n", 30, 3913212, ("13073", "batch"), None, True),
+    ("prints 100 MB", "echo $$ > PIDFILE\nhead -c 100000000 /dev/zero\n", 30, 1079629, None,
+     f"listpids: printed more than {MAX_ANSWER_BYTES // 2**20} MiB; killed", True),
     ("not UTF-8", r"printf 'PID JOBID STEPID\n\377\376 1 0\n7 \377 0\n8 1 \377\n9 2 batch\n'" "\n",
-     5, 9, ("2", "batch"), None, 2, False),
+     30, 9, ("2", "batch"), None, False),
     ("exit 1 with a message", 'echo "slurm_load_ctl_conf error: Unable to contact slurm controller" >&2\n'
-     "exit 1\n", 5, 1079629, None,
-     "listpids: exited 1: slurm_load_ctl_conf error: Unable to contact slurm controller", 2, False),
-    ("exit 4, terminal escapes on stderr", r"printf '\033[2Jbad\tthing\r\n' >&2; exit 4" "\n", 5, 1079629,
-     None, "listpids: exited 4: ?[2Jbad?thing", 2, False),
-    ("a table, then exit 2", f"cat <<'EOF'\n{TABLE}EOF\nexit 2\n", 5, 1079629, None,
-     "listpids: exited 2", 2, False),
-    ("killed by a signal", "kill -9 $$\n", 5, 1079629, None, "listpids: killed by signal 9", 2, False),
-    ("garbage", r"printf 'hello world\nPID JOBID\n1 2 3\n\001\002\n'" "\n", 5, 1, None, None, 2, False),
-    ("empty answer", "exit 0\n", 5, 1079629, None, None, 2, False),
+     "exit 1\n", 30, 1079629, None,
+     "listpids: exited 1: slurm_load_ctl_conf error: Unable to contact slurm controller", False),
+    ("exit 4, terminal escapes on stderr", r"printf '\033[2Jbad\tthing\r\n' >&2; exit 4" "\n", 30, 1079629,
+     None, "listpids: exited 4: ?[2Jbad?thing", False),
+    ("a table, then exit 2", f"cat <<'EOF'\n{TABLE}EOF\nexit 2\n", 30, 1079629, None,
+     "listpids: exited 2", False),
+    ("killed by a signal", "kill -9 $$\n", 30, 1079629, None, "listpids: killed by signal 9", False),
+    ("garbage", r"printf 'hello world\nPID JOBID\n1 2 3\n\001\002\n'" "\n", 30, 1, None, None, False),
+    ("empty answer", "exit 0\n", 30, 1079629, None, None, False),
 ]
 
 
-@pytest.mark.parametrize(("body", "timeout", "pid", "expected", "warning", "seconds", "group"),
+@pytest.mark.parametrize(("body", "timeout", "pid", "expected", "warning", "group"),
                          [c[1:] for c in CASES], ids=[c[0] for c in CASES])
-def test_scontrol_answers(tmp_path, caplog, body, timeout, pid, expected, warning, seconds, group):
+def test_scontrol_answers(tmp_path, caplog, body, timeout, pid, expected, warning, group):
     caplog.set_level(logging.INFO, LOGGER)
     scontrol = _script(tmp_path, body)
     source = ScontrolListPids(str(scontrol), timeout=timeout)
-    started = time.monotonic()
     assert source(pid) == expected
-    assert time.monotonic() - started < seconds
     if warning is None:
         assert _warnings(caplog) == []
     else:
@@ -129,13 +132,11 @@ def test_output_over_the_cap_is_not_held(tmp_path, caplog):
     scontrol = _script(tmp_path, "echo $$ > PIDFILE\nexec yes\n")
     tracemalloc.start()
     try:
-        started = time.monotonic()
-        assert BoundedCommand(max_bytes=MAX_ANSWER_BYTES)([str(scontrol)], 5) == ""
-        elapsed = time.monotonic() - started
+        # the cap, not the deadline, ends it: the warning says which
+        assert BoundedCommand(max_bytes=MAX_ANSWER_BYTES)([str(scontrol)], 60) == ""
         peak = tracemalloc.get_traced_memory()[1]
     finally:
         tracemalloc.stop()
-    assert elapsed < 2
     assert peak < 3 * MAX_ANSWER_BYTES
     assert _warnings(caplog) == [f"{scontrol}: printed more than 4 MiB; killed"]
     _assert_group_gone(tmp_path)
