@@ -1,17 +1,20 @@
 """Detection probes against real HTTP endpoints served from the test: an
-agent-style /metrics page whose values change when the "fault" lands, and
-a Prometheus-style /api/v1/query."""
+agent-style /metrics page whose values change when the "fault" lands, and a
+real Prometheus (Debian's) scraping such a page."""
 import http.server
-import json
 import sys
 import threading
 import time
-import urllib.parse
 
 import pytest
 
+from tests import prometheus_server
 from tracehound.chaos import detection as detect, metrics
 from tracehound.chaos.faults import Detection
+from tracehound.fleet.prometheus import wait_for
+
+# what a test waits for at most: never reached unless something is broken
+DEADLINE = 60
 
 
 class Endpoint:
@@ -20,30 +23,36 @@ class Endpoint:
     def __init__(self):
         self.body = ""
         self.content_type = "text/plain"
-        self.queries = []
+        self.served = 0
+        self.changed = threading.Condition()
         endpoint = self
 
         class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self, form=None):
-                q = form if form is not None else urllib.parse.urlparse(self.path).query
-                endpoint.queries.append(urllib.parse.parse_qs(q).get("query", [""])[0])
+            def do_GET(self):
                 data = endpoint.body.encode()
                 self.send_response(200)
                 self.send_header("Content-Type", endpoint.content_type)
                 self.send_header("Content-Length", str(len(data)))
                 self.end_headers()
                 self.wfile.write(data)
-
-            def do_POST(self):  # Prometheus' query API takes a form as well
-                length = int(self.headers.get("Content-Length", 0))
-                self.do_GET(self.rfile.read(length).decode())
+                with endpoint.changed:
+                    endpoint.served += 1
+                    endpoint.changed.notify_all()
 
             def log_message(self, *args):
                 pass
 
         self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://127.0.0.1:{self.server.server_port}"
+        threading.Thread(target=self.server.serve_forever, kwargs={"poll_interval": 0.05},
+                         daemon=True).start()
+        self.address = f"127.0.0.1:{self.server.server_port}"
+        self.url = f"http://{self.address}"
+
+    def wait_served(self, count: int) -> None:
+        """Until `count` answers in all have been sent."""
+        with self.changed:
+            assert self.changed.wait_for(lambda: self.served >= count, DEADLINE), \
+                f"{self.served} requests, not {count}"
 
     def close(self):
         self.server.shutdown()
@@ -116,24 +125,36 @@ def test_signal_window_rate_and_mean():
 
 def test_detection_measures_mttd_from_apply_time(endpoint):
     endpoint.body = exposition(1000, 0.001, 10)
-    spec = {"url": endpoint.url + "/metrics", "interval": 0.05, "timeout": 5, "window": 0.2}
+    spec = {"url": endpoint.url + "/metrics", "interval": 0.05, "timeout": DEADLINE,
+            "window": 0.2}
     spec = detect.with_defaults(spec, Detection(
         query='tracehound_io_write_latency_seconds{cgroup="/job"}', signal="mean",
         predicate="> 0.01", note="slow writes"))
     baseline = detect.take_baseline(spec)
-    applied = time.monotonic()
+    # the fault went in 30 s before the probe started (a long apply, a pause)
+    applied = time.monotonic() - 30
+    read_before = endpoint.served
+    landed = []
 
     def fault_lands():
-        time.sleep(0.4)
+        endpoint.wait_served(read_before + 3)   # the probe saw the unchanged page
+        landed.append(time.monotonic())
         endpoint.body = exposition(1000, 2.001, 20)   # 10 calls, 0.2 s each
 
-    threading.Thread(target=fault_lands).start()
+    lands = threading.Thread(target=fault_lands)
+    lands.start()
     result = detect.run_detection(spec, applied, baseline, "io.throttle")
+    returned = time.monotonic()
+    lands.join()
     assert result["detected"] is True
     assert result["tracehound_signal"] is True
-    assert 0.4 <= result["mttd_seconds"] < 1.5
     assert result["value"] == pytest.approx(0.2)
     assert result["note"] == "slow writes"
+    # MTTD runs from `applied` to the reading that saw the fault: after it
+    # landed, by the time the probe returned (to the millisecond it rounds to)
+    assert landed[0] - applied - 0.001 <= result["mttd_seconds"] <= returned - applied + 0.001
+    # no reading before the fault landed had a value; the one that saw it is the last
+    assert result["samples"] == [[result["mttd_seconds"], pytest.approx(0.2)]]
 
 
 def test_detection_times_out_and_says_why(endpoint):
@@ -145,38 +166,75 @@ def test_detection_times_out_and_says_why(endpoint):
     assert "no series matched" in result["note"]
 
 
-def test_fault_without_tracehound_signal_is_reported_not_polled():
+def test_fault_without_tracehound_signal_is_reported_not_polled(monkeypatch):
+    def no_reading(spec):
+        raise AssertionError(f"polled {spec}")
+
+    def no_waiting(seconds):
+        raise AssertionError(f"waited {seconds} s")
+
+    monkeypatch.setattr(detect, "reader", no_reading)
+    monkeypatch.setattr(detect.time, "sleep", no_waiting)
     spec = detect.with_defaults({"timeout": 30}, Detection(note="no network metric"))
-    start = time.monotonic()
-    result = detect.run_detection(spec, start, None, "net.loss")
-    assert time.monotonic() - start < 0.5
+    result = detect.run_detection(spec, time.monotonic(), None, "net.loss")
     assert result["detected"] is False and result["tracehound_signal"] is False
+    assert result["mttd_seconds"] is None and result["samples"] == []
     assert result["note"] == "no network metric"
 
 
-def test_prometheus_source(endpoint):
-    endpoint.content_type = "application/json"
-    endpoint.body = json.dumps({"status": "success", "data": {"resultType": "vector", "result": [
-        {"metric": {}, "value": [0, "0.25"]}, {"metric": {}, "value": [0, "0.5"]}]}})
-    spec = {"source": "prometheus", "url": endpoint.url, "query": "sum(rate(x[1m]))",
-            "predicate": "> 0.7", "timeout": 1, "interval": 0.1}
+@pytest.fixture(scope="module")
+def prometheus(tmp_path_factory):
+    """A real Prometheus scraping a page with two series of one metric."""
+    page = Endpoint()
+    page.body = ("# TYPE chaos_probe_level gauge\n"
+                 'chaos_probe_level{part="a"} 0.25\n'
+                 'chaos_probe_level{part="b"} 0.5\n')
+    config = {"global": {"scrape_interval": "200ms", "scrape_timeout": "200ms"},
+              "scrape_configs": [{"job_name": "page",
+                                  "static_configs": [{"targets": [page.address]}]}]}
+    try:
+        with prometheus_server.serving(tmp_path_factory.mktemp("prometheus"), config) as url:
+            wait_for(url, "count(chaos_probe_level) == 2", timeout=DEADLINE, interval=0.1)
+            yield url
+    finally:
+        page.close()
+
+
+def test_prometheus_source(prometheus):
+    # the query returns both series: the probe adds them up
+    spec = {"source": "prometheus", "url": prometheus, "query": "chaos_probe_level",
+            "predicate": "> 0.7", "timeout": DEADLINE, "interval": 0.1}
     result = detect.run_detection(spec, time.monotonic(), None, "io.throttle")
     assert result["detected"] and result["value"] == pytest.approx(0.75)
-    assert endpoint.queries[-1] == "sum(rate(x[1m]))"
-    endpoint.body = json.dumps({"status": "error", "error": "parse error"})
+    assert result["query"] == "chaos_probe_level" and not result["tracehound_signal"]
+    assert metrics.promql_value(prometheus, 'chaos_probe_level{part="b"}') == 0.5
+    assert metrics.promql_value(prometheus, 'chaos_probe_level{part="c"}') is None
     with pytest.raises(metrics.QueryError, match="parse error"):
-        metrics.promql_value(endpoint.url, "((")
+        metrics.promql_value(prometheus, "((")
 
 
 def test_process_source_extracts_a_number(tmp_path):
-    counter = tmp_path / "n"
+    counter, reads = tmp_path / "n", tmp_path / "reads"
     counter.write_text("drops 0\n")
-    spec = {"source": "process", "command": ["cat", str(counter)], "extract": r"drops (\d+)",
-            "signal": "increase", "predicate": "> 2", "timeout": 3, "interval": 0.05}
+    spec = {"source": "process", "command": ["sh", "-c", f"echo >> {reads}; cat {counter}"],
+            "extract": r"drops (\d+)", "signal": "increase", "predicate": "> 2",
+            "timeout": DEADLINE, "interval": 0.05}
     baseline = detect.take_baseline(spec)
-    threading.Timer(0.2, lambda: counter.write_text("drops 7\n")).start()
+
+    def fault_lands():
+        # once the probe has read the counter after the baseline did
+        deadline = time.monotonic() + DEADLINE
+        while time.monotonic() < deadline and len(reads.read_text().splitlines()) < 2:
+            time.sleep(0.01)
+        counter.write_text("drops 7\n")
+
+    lands = threading.Thread(target=fault_lands)
+    lands.start()
     result = detect.run_detection(spec, time.monotonic(), baseline, "net.loss")
+    lands.join()
     assert result["detected"] and result["value"] == 7 and not result["tracehound_signal"]
+    # the readings before the counter moved showed no increase
+    assert [v for _, v in result["samples"]][:-1] == [0.0] * (len(result["samples"]) - 1)
 
 
 def test_query_probe_reads_once_or_over_a_window(endpoint):

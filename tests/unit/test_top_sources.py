@@ -1,19 +1,22 @@
-"""tracehound top against local HTTP servers: an agent's /metrics and a
-Prometheus /api/v1/query answering canned JSON."""
+"""tracehound top against local HTTP servers: an agent's /metrics served by
+the test, and a real Prometheus (Debian's) scraping an exporter the test
+serves, whose counters grow at known rates."""
 import contextlib
 import http.server
 import io
 import json
-import re
-import shutil
 import subprocess
 import threading
+import time
 import urllib.parse
 
 import pytest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
+from tests import prometheus_server
 from tracehound import cli
 from tracehound.collectors.io import OPS
+from tracehound.fleet import prometheus as promql
 from tracehound.top.source import ERROR_OPS, MetricsSource, PrometheusSource, SourceError
 
 from tests.unit.test_top_rates import exposition, io_series
@@ -27,12 +30,6 @@ def serve(answer):
             url = urllib.parse.urlsplit(self.path)
             self.reply(*answer(url.path, urllib.parse.parse_qs(url.query)))
 
-        def do_POST(self):
-            # the Prometheus client sends the query as a form body
-            form = self.rfile.read(int(self.headers.get("Content-Length", 0))).decode()
-            path = urllib.parse.urlsplit(self.path).path
-            self.reply(*answer(path, urllib.parse.parse_qs(form)))
-
         def reply(self, status, ctype, body):
             self.send_response(status)
             self.send_header("Content-Type", ctype)
@@ -44,7 +41,8 @@ def serve(answer):
             pass
 
     server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread = threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05},
+                              daemon=True)
     thread.start()
     try:
         yield f"http://127.0.0.1:{server.server_address[1]}"
@@ -53,130 +51,225 @@ def serve(answer):
         server.server_close()
 
 
-def vector(*results):
-    return {"status": "success", "data": {"resultType": "vector", "result": [
-        {"metric": m, "value": [1700000000.0, str(v)]} for m, v in results]}}
+# --- a real Prometheus ------------------------------------------------------
+#
+# The exporter stamps every sample with the time it computed it from, so each
+# counter is exactly linear in its sample timestamps: base + slope * t. Then
+# Prometheus' rate() over a window the samples cover is the slope, and less
+# only where scrapes are missing at the window's edges (it never extrapolates
+# past the samples it has): a rate lies in (slope / 2, slope] when at least
+# half the window was scraped. A histogram_quantile is exact whatever the
+# coverage: all buckets of one scrape share their timestamps, so their rates
+# keep the buckets' proportions.
 
-
+WINDOW = "3s"
+HISTORY = "3500ms"          # scraped for longer than WINDOW
+B = 5000.0                  # seconds of history every growing counter starts with
 JOB = dict(cgroup="/slurm/job_9", mountpoint="/scratch", fstype="lustre",
            workload="slurm", job_id="9", step="0")
-IDLE = dict(cgroup="/thtest/plain", mountpoint="/tmp", fstype="tmpfs")
 GPU = dict(instance="node1:9560", gpu="0", uuid="GPU-a", model="H100")
+# per second: bytes, calls (reads in the (2^19, 2^20] ns bucket, writes in
+# (2^21, 2^22] ns) and failed reads and opens
+READ_BPS, WRITE_BPS, READS, WRITES, READ_ERRORS, OPEN_ERRORS = 1000, 2000, 10, 20, 0.125, 0.125
+RDMA_ERRORS = 0.5
+READ_SLOT, WRITE_SLOT = 20, 22
 
 
-class FakePrometheus:
-    def __init__(self, rdma=True):
-        self.queries = []
-        self.rdma = rdma
+def bucket_quantile(q, counts):
+    """histogram_quantile over {slot: calls}, slot k holding (2^(k-1), 2^k] ns."""
+    rank = q * sum(counts.values())
+    below = 0.0
+    for slot in sorted(counts):
+        if below + counts[slot] >= rank:
+            low = 2 ** (slot - 1)
+            return (low + low * (rank - below) / counts[slot]) / 1e9
+        below += counts[slot]
+    raise AssertionError("rank above the histogram")
 
-    def result(self, q):
-        if q.startswith("count by (__name__)"):
-            names = ["tracehound_gpu_temperature_celsius", "tracehound_gpu_clock_event_active",
-                     "tracehound_gpu_xid_errors_total"]
-            names += ["tracehound_rdma_objects", "tracehound_rdma_verb_calls_total"] * self.rdma
-            return vector(*(({"__name__": n}, 1) for n in names))
-        if q.startswith("histogram_quantile"):
-            value = {"0.5": 0.001, "0.99": 0.004}[q.split("(")[1].split(",")[0]]
-            if "write_latency" not in q:
-                return vector(({**JOB, "cgroup": ""}, 0.003), (IDLE, "NaN"))
-            return vector(({**JOB, "cgroup": ""}, value))
-        errors = re.search(r"tracehound_io_(\w+)_errors_total", q)
-        if errors:
-            return vector((JOB, 0.125 if errors.group(1) in ("read", "open") else 0.0), (IDLE, 0))
-        rate = "rate(" in q
-        table = {
-            "tracehound_io_read_bytes_total": (1000.0 if rate else 5e6),
-            "tracehound_io_write_bytes_total": (2000.0 if rate else 7e6),
-            "tracehound_io_read_requests_total": 10.0,
-            "tracehound_io_write_requests_total": 20.0,
-        }
-        for name, v in table.items():
-            if name in q:
-                return vector((JOB, v), (IDLE, 0.0))
-        if "tracehound_rdma_objects" in q:
-            return vector(({"cgroup": "/slurm/job_9", "device": "mlx5_0", "type": "QP"}, 4))
-        if "tracehound_rdma_verb_errors_total" in q:
-            return vector(({"op": "reg_mr", "errno": "ENOMEM"}, 0.5 if rate else 30))
-        if "tracehound_gpu_temperature_celsius" in q:
-            return vector(({**GPU, "sensor": "gpu"}, 83))
-        if "tracehound_gpu_clock_event_active" in q:
-            return vector(({**GPU, "reason": "sw_thermal_slowdown"}, 1))
-        if "tracehound_gpu_xid_errors_total" in q:
-            return vector(({**GPU, "xid": "48"}, 0.1 if rate else 2))
-        return {"status": "error", "errorType": "bad_data", "error": f"unexpected query {q}"}
+
+def cluster_a(t):
+    """The cluster's families `t` seconds after the exporter started."""
+    grown = t + B
+    job = io_series(JOB["cgroup"], fs=(JOB["mountpoint"], JOB["fstype"]),
+                    read=READ_BPS * (t + 5000), write=WRITE_BPS * (t + 3500),
+                    reads=READS * grown, writes=WRITES * grown,
+                    errors={"read": READ_ERRORS * grown, "open": OPEN_ERRORS * grown},
+                    read_slots={READ_SLOT: READS * grown},
+                    write_slots={WRITE_SLOT: WRITES * grown},
+                    **{k: v for k, v in JOB.items() if k not in ("cgroup", "mountpoint", "fstype")})
+    idle = io_series("/thtest/plain")          # no I/O at all: no latency either
+    objects = GaugeMetricFamily("tracehound_rdma_objects", "", labels=["cgroup", "device", "type"])
+    objects.add_metric(["/slurm/job_9", "mlx5_0", "QP"], 4)
+    calls = CounterMetricFamily("tracehound_rdma_verb_calls", "", labels=["op"])
+    calls.add_metric(["reg_mr"], 100 * grown)
+    errors = CounterMetricFamily("tracehound_rdma_verb_errors", "", labels=["op", "errno"])
+    errors.add_metric(["reg_mr", "ENOMEM"], RDMA_ERRORS * (t + 60))      # 30 at the start
+    return exposition([job, idle], extra=(objects, calls, errors, *gpu_families("node1:9560")))
+
+
+def cluster_b(t):
+    """No RDMA metrics at all; a GPU and a quiet cgroup."""
+    return exposition([io_series("/thtest/b")], extra=gpu_families("node2:9560"))
+
+
+def gpu_families(node):
+    gpu = [node, GPU["gpu"], GPU["uuid"], GPU["model"]]
+    names = ["instance", "gpu", "uuid", "model"]
+    temperature = GaugeMetricFamily("tracehound_gpu_temperature_celsius", "",
+                                    labels=names + ["sensor"])
+    temperature.add_metric(gpu + ["gpu"], 83)
+    clocks = GaugeMetricFamily("tracehound_gpu_clock_event_active", "", labels=names + ["reason"])
+    clocks.add_metric(gpu + ["sw_thermal_slowdown"], 1)
+    clocks.add_metric(gpu + ["hw_slowdown"], 0)
+    xids = CounterMetricFamily("tracehound_gpu_xid_errors", "", labels=names + ["xid"])
+    xids.add_metric(gpu + ["48"], 2)
+    return clocks, temperature, xids
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+class Exporter:
+    """/a and /b: the two clusters, every sample stamped with its time."""
+
+    def __init__(self):
+        self.started_ms = now_ms()
 
     def __call__(self, path, params):
-        if path != "/api/v1/query":
+        page = {"/a": cluster_a, "/b": cluster_b}.get(path)
+        if page is None:
             return 404, "text/plain", b"not found"
-        q = params["query"][0]
-        self.queries.append(q)
-        doc = self.result(q)
-        return (200 if doc["status"] == "success" else 400), "application/json", \
-            json.dumps(doc).encode()
+        ms = now_ms()
+        # from whole milliseconds: a difference of two Unix times in seconds
+        # would lose 1e-7 s to rounding, and the rates their exactness
+        text = page((ms - self.started_ms) / 1000)
+        stamped = "".join(line + (f" {ms}\n" if line and not line.startswith("#") else "\n")
+                          for line in text.splitlines())
+        return 200, "text/plain; version=0.0.4", stamped.encode()
 
 
-def test_prometheus_source_rows_and_panels():
-    fake = FakePrometheus()
-    with serve(fake) as url:
-        snap = PrometheusSource(url, window="30s", selector='cluster="a"').poll()
-    assert snap.window == "30s" and snap.interval_seconds is None
+@pytest.fixture(scope="module")
+def exporter():
+    ex = Exporter()
+    with serve(ex) as url:
+        ex.url = url
+        yield ex
+
+
+@pytest.fixture(scope="module")
+def prometheus(exporter, tmp_path_factory):
+    address = exporter.url.removeprefix("http://")
+    config = {"global": {"scrape_interval": "200ms", "scrape_timeout": "200ms"},
+              "scrape_configs": [
+                  {"job_name": f"top-{c}", "metrics_path": f"/{c}", "honor_labels": True,
+                   "static_configs": [{"targets": [address], "labels": {"cluster": c}}]}
+                  for c in ("a", "b")]}
+    with prometheus_server.serving(tmp_path_factory.mktemp("prometheus"), config) as url:
+        for c in ("a", "b"):
+            # scraped since before the rate window starts
+            promql.wait_for(url, f'up{{job="top-{c}"}} offset {HISTORY}', timeout=120)
+        yield url
+
+
+@pytest.fixture(scope="module")
+def polled(prometheus, exporter):
+    """One poll of cluster a, with every PromQL query it sent."""
+    asked = []
+    real = promql.query
+
+    def recording(url, expr, *args, **kwargs):
+        asked.append(expr)
+        return real(url, expr, *args, **kwargs)
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(promql, "query", recording)
+        snap = PrometheusSource(prometheus, window=WINDOW, selector='cluster="a"').poll()
+    return snap, asked, (now_ms() - exporter.started_ms) / 1000
+
+
+def assert_rate(got, slope):
+    assert slope / 2 < got <= slope * (1 + 1e-9), (got, slope)
+
+
+def test_prometheus_source_rows_and_panels(polled):
+    snap, asked, elapsed = polled
+    assert snap.window == WINDOW and snap.interval_seconds is None
     rows = {r.name: r for r in snap.io}
     assert set(rows) == {"9.0", "/thtest/plain"}
     job = rows["9.0"]
     assert (job.kind, job.mountpoint, job.fstype, job.cgroups) == \
         ("slurm", "/scratch", "lustre", ["/slurm/job_9"])
-    assert (job.read_bytes_per_second, job.write_bytes_per_second) == (1000, 2000)
-    assert (job.read_ops_per_second, job.write_ops_per_second, job.ops_per_second) == (10, 20, 30)
-    assert job.errors_per_second == 0.25
-    assert (job.read_bytes_total, job.write_bytes_total) == (5e6, 7e6)
-    assert (job.latency_p50_seconds, job.latency_p99_seconds) == (0.001, 0.004)
-    assert (job.read_latency_p99_seconds, job.write_latency_p99_seconds) == (0.003, 0.004)
+    assert_rate(job.read_bytes_per_second, READ_BPS)
+    assert_rate(job.write_bytes_per_second, WRITE_BPS)
+    assert_rate(job.read_ops_per_second, READS)
+    assert_rate(job.write_ops_per_second, WRITES)
+    assert job.ops_per_second == job.read_ops_per_second + job.write_ops_per_second
+    # the failed calls of every operation add up
+    assert_rate(job.errors_per_second, READ_ERRORS + OPEN_ERRORS)
+    # a counter's value at its last scrape: what it started from, and at
+    # most what it grew to by the end of the poll
+    assert 5e6 <= job.read_bytes_total <= 5e6 + READ_BPS * elapsed
+    assert 7e6 <= job.write_bytes_total <= 7e6 + WRITE_BPS * elapsed
+    # quantiles of the calls in the window: reads and writes merged, and apart
+    both = {READ_SLOT: READS, WRITE_SLOT: WRITES}
+    assert job.latency_p50_seconds == pytest.approx(bucket_quantile(0.5, both), rel=1e-9)
+    assert job.latency_p99_seconds == pytest.approx(bucket_quantile(0.99, both), rel=1e-9)
+    assert job.read_latency_p99_seconds == \
+        pytest.approx(bucket_quantile(0.99, {READ_SLOT: READS}), rel=1e-9)
+    assert job.write_latency_p99_seconds == \
+        pytest.approx(bucket_quantile(0.99, {WRITE_SLOT: WRITES}), rel=1e-9)
     # NaN (no calls in the window) is unknown, not a number
-    assert rows["/thtest/plain"].read_latency_p99_seconds is None
+    idle = rows["/thtest/plain"]
+    assert idle.read_latency_p99_seconds is None and idle.latency_p50_seconds is None
+    assert (idle.read_bytes_per_second, idle.write_bytes_total) == (0, 0)
     (obj,) = snap.rdma_objects
-    assert (obj.device, obj.type, obj.count) == ("mlx5_0", "QP", 4)
+    assert (obj.cgroup, obj.device, obj.type, obj.count) == ("/slurm/job_9", "mlx5_0", "QP", 4)
     (err,) = snap.rdma_errors
-    assert (err.errors_per_second, err.errors_total) == (0.5, 30)
+    assert (err.op, err.errno) == ("reg_mr", "ENOMEM")
+    assert_rate(err.errors_per_second, RDMA_ERRORS)
+    assert 30 <= err.errors_total <= 30 + RDMA_ERRORS * elapsed
     (gpu,) = snap.gpus
-    assert (gpu.node, gpu.gpu, gpu.temperature_celsius) == ("node1:9560", "0", 83)
+    assert (gpu.node, gpu.gpu, gpu.uuid, gpu.model, gpu.temperature_celsius) == \
+        ("node1:9560", "0", "GPU-a", "H100", 83)
     assert gpu.throttle_reasons == ["sw_thermal_slowdown"] and gpu.xids == {"48": 2}
     # every query is scoped by the selector and uses the window for rates
-    assert all('cluster="a"' in q for q in fake.queries)
-    assert all("[30s]" in q for q in fake.queries if "rate(" in q)
-    assert any(q.startswith("histogram_quantile(0.99,") for q in fake.queries)
+    assert asked and all('cluster="a"' in q for q in asked)
+    assert all(f"[{WINDOW}]" in q for q in asked if "rate(" in q)
+    assert any(q.startswith("histogram_quantile(0.99,") for q in asked)
 
 
 def test_error_counters_queried_are_the_ones_exported():
     assert ERROR_OPS == OPS
 
 
-def test_prometheus_without_rdma_metrics_says_no_data():
-    with serve(FakePrometheus(rdma=False)) as url:
-        snap = PrometheusSource(url).poll()
-    assert snap.rdma_objects is None and snap.rdma_errors is None and snap.gpus
+def test_prometheus_without_rdma_metrics_says_no_data(prometheus):
+    snap = PrometheusSource(prometheus, selector='cluster="b"').poll()
+    assert snap.rdma_objects is None and snap.rdma_errors is None
+    (gpu,) = snap.gpus
+    assert gpu.node == "node2:9560"
+    assert [r.name for r in snap.io] == ["/thtest/b"]
 
 
-def test_prometheus_query_error_is_one_clear_error():
-    with serve(lambda path, params: (400, "application/json", json.dumps(
-            {"status": "error", "errorType": "bad_data", "error": "parse error"}).encode())) as url:
-        with pytest.raises(SourceError, match="parse error"):
-            PrometheusSource(url).poll()
+def test_prometheus_query_error_is_one_clear_error(prometheus):
+    # a selector that is not PromQL: Prometheus refuses the first query
+    with pytest.raises(SourceError, match="parse error"):
+        PrometheusSource(prometheus, selector="cluster=").poll()
     with pytest.raises(SourceError, match="not a PromQL duration"):
         PrometheusSource("http://127.0.0.1:1", window="1 minute")
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None,
-                    reason="promtool (Debian: prometheus) not installed")
-def test_queries_are_valid_promql(tmp_path):
-    fake = FakePrometheus()
-    with serve(fake) as url:
-        PrometheusSource(url, selector='instance="n1:9560"').poll()
+def test_queries_are_valid_promql(polled, tmp_path):
+    """Valid as recording rules too, as promtool (Debian: prometheus) checks them."""
+    _, asked, _ = polled
     rules = {"groups": [{"name": "top", "rules": [
-        {"record": f"top:q{i}", "expr": q} for i, q in enumerate(fake.queries)]}]}
+        {"record": f"top:q{i}", "expr": q} for i, q in enumerate(asked)]}]}
     path = tmp_path / "rules.json"
     path.write_text(json.dumps(rules))       # JSON is YAML
-    res = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True, text=True)
+    res = subprocess.run(["promtool", "check", "rules", str(path)], capture_output=True,
+                         text=True)
     assert res.returncode == 0, res.stdout + res.stderr
+    assert f"SUCCESS: {len(asked)} rules found" in res.stdout
 
 
 class FakeAgent:
@@ -222,16 +315,15 @@ def test_once_json_from_an_agent():
     doc = json.loads(out)
     assert doc["source"] == url + "/metrics" and doc["sort"] == "write"
     assert doc["filter"] == "" and doc["include_idle"] is False
-    assert 0.1 < doc["interval_seconds"] < 1
+    assert doc["interval_seconds"] > 0
     (row,) = doc["io"]
     assert row["name"] == "/thtest/w" and row["write_bytes_total"] == 4096
     assert row["write_bytes_per_second"] * doc["interval_seconds"] == pytest.approx(4096)
     assert doc["rdma"] == {"objects": None, "verb_errors": None} and doc["gpu"] is None
 
 
-def test_once_table_from_prometheus():
-    with serve(FakePrometheus()) as url:
-        rc, out = run_cli("top", "--prometheus", url, "--once", "--sort", "read", "--all")
+def test_once_table_from_prometheus(prometheus):
+    rc, out = run_cli("top", "--prometheus", prometheus, "--once", "--sort", "read", "--all")
     assert rc == 0
     assert "READ/s ▼" in out and "9.0" in out and "/scratch (lustre)" in out
     assert "/thtest/plain" in out                # idle, shown because of --all
