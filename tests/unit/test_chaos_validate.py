@@ -250,9 +250,22 @@ CASES = [
 ]
 
 
-def test_there_are_at_least_fifty_cases():
-    assert len(CASES) >= 50
+def test_at_least_fifty_different_refusals(tmp_path, capsys, monkeypatch):
+    """The cases are told apart by the validator itself: fifty of them or
+    more, each refused, with fifty different messages or more (a catch-all
+    refusal would give one)."""
+    monkeypatch.delenv("TRACEHOUND_TEST_SURELY_UNSET", raising=False)
     assert len({c[0] for c in CASES}) == len(CASES)
+    refusals = set()
+    for name, text, _, _ in CASES:
+        path = tmp_path / (name + (".json" if name.startswith("json") else ".yaml"))
+        if isinstance(text, bytes):
+            path.write_bytes(text)
+        else:
+            path.write_text(text)
+        assert cli.main(["chaos", "validate", str(path)]) == 2, name
+        refusals.add(capsys.readouterr().err.replace(str(path), "FILE"))
+    assert len(refusals) >= 50, refusals
 
 
 def test_the_base_is_valid(tmp_path, capsys):
