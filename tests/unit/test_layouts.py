@@ -22,12 +22,14 @@ PROBES = [(m.OBJECT, m.LAYOUTS) for m in (io_mod, rdma_mod, net_mod, exits_mod)]
 OBJECTS = ("io", "rdma", "hookprobe", "netfault", "net", "exits")
 
 
-def needs_objects(*names):
-    """Skip unless the named probe objects were built (make -C src/tracehound/probes)."""
-    missing = [n for n in names if not os.path.exists(object_path(n))]
-    return pytest.mark.skipif(bool(missing), reason=(
-        f"{', '.join(n + '.bpf.o' for n in missing)} not built: "
-        "run make -C src/tracehound/probes"))
+def built(name):
+    """The probe object's path; scripts/install builds every object, so one
+    that is missing is a broken install."""
+    path = object_path(name)
+    if not os.path.exists(path):
+        pytest.fail(f"{name}.bpf.o is not built ({path}): run scripts/install --dev "
+                    "(or make -C src/tracehound/probes)")
+    return path
 
 
 _BTF = {}
@@ -35,14 +37,13 @@ _BTF = {}
 
 def btf(name):
     if name not in _BTF:
-        _BTF[name] = read_btf(object_path(name))
+        _BTF[name] = read_btf(built(name))
     return _BTF[name]
 
 
 # --- the declared layouts against the objects ------------------------------
 
-CASES = [pytest.param(obj, lay, id=f"{obj}-{lay.c_name}",
-                      marks=needs_objects(obj))
+CASES = [pytest.param(obj, lay, id=f"{obj}-{lay.c_name}")
          for obj, layouts in PROBES for lay in layouts]
 
 
@@ -52,7 +53,7 @@ def test_layout_matches_the_object_btf(obj, layout):
         pytest.skip(f"enum {layout.c_name} is not in {obj}.bpf.o's BTF: the C code uses "
                     "it only as constants (type a struct member or map key with it to "
                     "have it checked)")
-    assert check(object_path(obj), [layout]) == []
+    assert check(built(obj), [layout]) == []
 
 
 def test_io_stats_is_the_flat_array_python_reads():
@@ -67,42 +68,38 @@ def test_io_stats_is_the_flat_array_python_reads():
 IO_KEY_SWAPPED = Layout("io_key", [("cgroup_id", "Q"), ("flags", "I"), ("mnt", "I")])
 
 
-@needs_objects("io")
 def test_check_reports_a_wrong_offset():
-    assert check(object_path("io"), [IO_KEY_SWAPPED]) == [
+    assert check(built("io"), [IO_KEY_SWAPPED]) == [
         "struct io_key: field flags at offset 12, Python says 8",
         "struct io_key: field mnt at offset 8, Python says 12",
     ]
 
 
-@needs_objects("io")
 def test_check_reports_a_wrong_size_and_a_missing_field():
     short = Layout("io_key", [("cgroup_id", "Q"), ("mnt", "I")])
-    assert check(object_path("io"), [short]) == [
+    assert check(built("io"), [short]) == [
         "struct io_key: size 16, Python says 12",
         "struct io_key: C field flags (offset 12, 4 bytes) missing in Python",
     ]
     fewer_ops = Layout("io_stats", [(f.name, f.fmt) if f.count is None else
                                     (f.name, f.fmt, f.count - (f.name == "errors"))
                                     for f in IO_STATS.fields])
-    problems = check(object_path("io"), [fewer_ops])
+    problems = check(built("io"), [fewer_ops])
     assert problems[0] == f"struct io_stats: size {IO_STATS.size}, Python says {IO_STATS.size - 8}"
     assert "struct io_stats: field errors is 72 bytes, Python says 64" in problems
     assert "struct io_stats: field not_found at offset 176, Python says 168" in problems
 
 
-@needs_objects("io")
 def test_check_reports_element_size_and_signedness():
     wrong = Layout("io_key", [("cgroup_id", "q"), ("mnt", "H", 2), ("flags", "I")])
-    assert check(object_path("io"), [wrong]) == [
+    assert check(built("io"), [wrong]) == [
         "struct io_key: field cgroup_id is unsigned in C, Python says 'q'",
         "struct io_key: field mnt has 4-byte elements, Python says 2",
     ]
 
 
-@needs_objects("io")
 def test_check_reports_unknown_structs_and_enums():
-    assert check(object_path("io"), [
+    assert check(built("io"), [
         Layout("no_such_struct", [("x", "I")]),
         EnumLayout("no_such_enum", ("a",), "X_"),
     ]) == [
@@ -114,10 +111,9 @@ def test_check_reports_unknown_structs_and_enums():
 RESTRACK = ("pd", "cq", "qp", "cm_id", "mr", "ctx", "counter", "srq")
 
 
-@needs_objects("rdma")
 def test_check_reports_wrong_enum_values():
     # rdma_restrack_type is the one enum of rdma.bpf.o that its BTF carries
-    path = object_path("rdma")
+    path = built("rdma")
     assert check(path, [EnumLayout("rdma_restrack_type", RESTRACK, "RDMA_RESTRACK_")]) == []
     without_counter = tuple(n for n in RESTRACK if n != "counter")
     assert check(path, [EnumLayout("rdma_restrack_type", without_counter, "RDMA_RESTRACK_",
@@ -128,10 +124,9 @@ def test_check_reports_wrong_enum_values():
     ]
 
 
-@needs_objects("rdma")
 def test_implicit_padding_must_be_declared_as_a_pad_field():
     # struct ib_qp: a pointer, a u32, 4 bytes of padding, then a nested struct
-    path = object_path("rdma")
+    path = built("rdma")
     fields = [("device", "Q"), ("port", "I"), ("pad", "I"), ("res", "40s")]
     assert check(path, [Layout("ib_qp", fields)]) == []
     unpadded = [f for f in fields if f[0] != "pad"]
@@ -147,10 +142,11 @@ def test_implicit_padding_must_be_declared_as_a_pad_field():
 
 # --- the BTF reader agrees with bpftool ------------------------------------
 
-@pytest.mark.skipif(not shutil.which("bpftool"), reason="bpftool is not installed")
-@pytest.mark.parametrize("obj", [pytest.param(o, marks=needs_objects(o)) for o in OBJECTS])
+@pytest.mark.parametrize("obj", OBJECTS)
 def test_btf_reader_agrees_with_bpftool(obj):
-    out = subprocess.run(["bpftool", "-j", "btf", "dump", "file", object_path(obj)],
+    bpftool = shutil.which("bpftool") or shutil.which("/usr/sbin/bpftool")
+    assert bpftool, "bpftool is missing: scripts/install --dev installs it (Debian: bpftool)"
+    out = subprocess.run([bpftool, "-j", "btf", "dump", "file", built(obj)],
                          check=True, capture_output=True, text=True).stdout
     structs, enums = {}, {}
     for t in json.loads(out)["types"]:
