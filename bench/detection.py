@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import glob
+import importlib.util
 import json
 import os
 import random
@@ -63,8 +64,15 @@ STALL_FLAGS = ["--stall-after", "5", "--stall-cgroups", "/tracehound-chaos-.*"]
 
 
 def tracehound() -> list[str]:
+    """The CLI beside this interpreter; else this interpreter's own package
+    (`python -m tracehound`, e.g. run from the source tree on PYTHONPATH);
+    else whatever `tracehound` is on PATH."""
     exe = os.path.join(os.path.dirname(sys.executable), "tracehound")
-    return [exe] if os.path.exists(exe) else [shutil.which("tracehound") or "tracehound"]
+    if os.path.exists(exe):
+        return [exe]
+    if importlib.util.find_spec("tracehound") is not None:
+        return [sys.executable, "-m", "tracehound"]
+    return [shutil.which("tracehound") or "tracehound"]
 
 
 def with_interval(doc: dict, interval: float, prometheus: str | None = None) -> dict:
@@ -105,7 +113,11 @@ def start_prometheus(agent_url: str, interval: float, work: str):
 
 
 def run_once(url: str, name: str, interval: float, work: str,
-             prometheus: str | None = None, tag: str = "") -> list[dict]:
+             prometheus: str | None = None, tag: str = "",
+             env: dict | None = None) -> list[dict]:
+    """Run examples/<name>.yaml once against the agent at `url`; one row per
+    tracehound detection probe. `env` is laid over the run's environment
+    (e.g. CHAOS_GPU_PCI: a real GPU's bus id instead of a random one)."""
     with open(os.path.join(EXAMPLES, f"{name}.yaml")) as f:
         doc = with_interval(yaml.safe_load(f), interval, prometheus)
     path = os.path.join(work, f"{name}.json")
@@ -120,7 +132,8 @@ def run_once(url: str, name: str, interval: float, work: str,
            "CHAOS_SCRATCH_DIR": f"/run/tracehound-chaos-{name}-{tag}",
            # gpu.xid: a bus id of its own per run (no real GPU has one this
            # high), for the same reason; the kernel ring keeps earlier runs' lines
-           "CHAOS_GPU_PCI": f"0000:{random.randrange(0x80, 0xff):02x}:{random.randrange(32):02x}.0"}
+           "CHAOS_GPU_PCI": f"0000:{random.randrange(0x80, 0xff):02x}:{random.randrange(32):02x}.0",
+           **(env or {})}
     log = os.path.join(work, f"{name}.log")
     with open(log, "w") as out:
         subprocess.run(tracehound() + ["chaos", "run", path, "--yes", "--journal",
