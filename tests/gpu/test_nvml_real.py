@@ -127,7 +127,8 @@ def test_collector_matches_nvidia_smi(collector):
         # NVML's v1 "used" counts the driver's reservation, nvidia-smi shows it apart
         assert used / MIB == pytest.approx(used_mib, abs=reserved_mib + 64)
 
-        ecc_on = (el.findtext("ecc_mode/current") or "").strip() == "Enabled"
+        ecc_on = (el.findtext("ecc_mode/current_ecc") or el.findtext("ecc_mode/current")
+                  or "").strip() == "Enabled"
         for scope in ("volatile", "aggregate"):
             expected = smi_ecc(el, scope)
             got = [value(f, "tracehound_gpu_ecc_errors", type=t, scope=scope, **sel)
