@@ -1,4 +1,5 @@
-"""scripts/gpu-check and its driver (bench/gpu_check.py), where no GPU is:
+"""scripts/gpu-check and its driver (bench/gpu_check.py, gpu_smi.py,
+gpu_faults.py, gpu_report.py), where no GPU is:
 the nvidia-smi XML parser, the comparison with what the GPU collector
 really exports (wired as the agent wires it, over the NVML test double),
 the report, the choices made for the faults, and the script's no-GPU exit."""
@@ -6,7 +7,6 @@ from __future__ import annotations
 
 import ctypes.util
 import dataclasses
-import importlib.util
 import os
 import shutil
 import subprocess
@@ -25,13 +25,17 @@ FIXTURE = Path(__file__).parent / "fixtures" / "nvidia-smi-q-x-h100.xml"
 UUID = "GPU-8a3c2f5e-1d47-4b0e-9c61-7f2e0d9ab412"
 MIB = 1 << 20
 
-_spec = importlib.util.spec_from_file_location("bench_gpu_check", ROOT / "bench" / "gpu_check.py")
-gc = sys.modules.setdefault("bench_gpu_check", importlib.util.module_from_spec(_spec))
-_spec.loader.exec_module(gc)
+# bench/'s modules import one another by name, as when run from there; last
+# on the path, so nothing installed is shadowed by them
+sys.path.append(str(ROOT / "bench"))
+import gpu_check  # noqa: E402
+import gpu_faults  # noqa: E402
+import gpu_report  # noqa: E402
+import gpu_smi  # noqa: E402
 
 
 def smi():
-    return gc.parse_smi(FIXTURE.read_text())
+    return gpu_smi.parse_smi(FIXTURE.read_text())
 
 
 # The GPU of the fixture as NVML would give it: NVML's v1 "used" holds the
@@ -54,7 +58,7 @@ def exported(tmp_path, gpu: FakeGpu, driver="550.54.15") -> dict:
     try:
         registry = CollectorRegistry(auto_describe=False)
         registry.register(col)
-        return gc.parse_exposition(generate_latest(registry).decode())
+        return gpu_smi.parse_exposition(generate_latest(registry).decode())
     finally:
         col.close()
 
@@ -96,7 +100,7 @@ def test_an_older_driver_layout_parses_too():
       </enforced_power_limit></power_readings>
       <clocks><sm_clock>135 MHz</sm_clock><mem_clock>877 MHz</mem_clock></clocks>
       </gpu></nvidia_smi_log>"""
-    g = gc.parse_smi(xml)["gpus"]["GPU-old"]
+    g = gpu_smi.parse_smi(xml)["gpus"]["GPU-old"]
     assert g["pci_bus_id"] == "0000:3b:00.0"
     assert (g["power_draw_w"], g["power_limit_w"]) == (43.5, 300)
     assert (g["ecc_volatile_corrected"], g["ecc_volatile_uncorrected"]) == (5, 0)
@@ -106,11 +110,11 @@ def test_an_older_driver_layout_parses_too():
 
 def test_what_the_collector_exports_agrees_with_the_fixture(tmp_path):
     ours = exported(tmp_path, MATCHING)
-    rows = gc.compare([ours, ours], smi())
+    rows = gpu_smi.compare([ours, ours], smi())
     v = verdicts(rows)
-    assert set(v) == {"UUID"} | {f.label for f in gc.FIELDS}
+    assert set(v) == {"UUID"} | {f.label for f in gpu_smi.FIELDS}
     assert [r for r in rows if r["agree"] != "yes"] == []
-    part = gc.part_smi([ours, ours], smi())
+    part = gpu_smi.part_smi([ours, ours], smi())
     assert part.outcome == "pass" and part.summary.startswith(f"{len(rows)} agree, 0 disagree")
 
 
@@ -120,29 +124,31 @@ def test_what_disagrees_is_named_and_fails_the_part(tmp_path):
         clocks_mhz={fn.NVML_CLOCK_SM: 1000, fn.NVML_CLOCK_MEM: 2619},
         memory=(20_000 * MIB, 81559 * MIB), ecc=None)      # ECC counters not answered
     ours = exported(tmp_path, wrong, driver="535.104.05")
-    v = verdicts(gc.compare([ours, ours], smi()))
+    v = verdicts(gpu_smi.compare([ours, ours], smi()))
     assert {k for k, a in v.items() if a == "no"} == {
         "PCI bus id", "driver version", "temperature (GPU)", "power limit", "SM clock",
         "memory used", "ECC mode", "ECC corrected (volatile)", "ECC uncorrected (volatile)",
         "ECC corrected (aggregate)", "ECC uncorrected (aggregate)"}
     assert v["name"] == v["memory total"] == v["power draw"] == "yes"
-    assert gc.part_smi([ours, ours], smi()).outcome == "fail"
+    assert gpu_smi.part_smi([ours, ours], smi()).outcome == "fail"
 
 
 def test_a_moving_value_agrees_within_the_span_of_two_readings():
     ref = {"driver_version": "d", "gpus": {"GPU-x": {"temperature_gpu_c": 37.0}}}
     before = {"GPU-x": {"index": "0", "temperature_gpu_c": 30.0}}
     after = {"GPU-x": {"index": "0", "temperature_gpu_c": 40.0}}
-    row = next(r for r in gc.compare([before, after], ref) if r["field"] == "temperature (GPU)")
+    row = next(r for r in gpu_smi.compare([before, after], ref)
+               if r["field"] == "temperature (GPU)")
     assert (row["tracehound"], row["agree"]) == ("30 C .. 40 C", "yes")
     ref["gpus"]["GPU-x"]["temperature_gpu_c"] = 44.0
-    row = next(r for r in gc.compare([before, after], ref) if r["field"] == "temperature (GPU)")
+    row = next(r for r in gpu_smi.compare([before, after], ref)
+               if r["field"] == "temperature (GPU)")
     assert row["agree"] == "no"
 
 
 def test_a_gpu_only_one_side_lists_disagrees(tmp_path):
     ours = exported(tmp_path, dataclasses.replace(MATCHING, uuid="GPU-other"))
-    rows = gc.compare([ours], smi())
+    rows = gpu_smi.compare([ours], smi())
     listed = {r["uuid"]: (r["tracehound"], r["nvidia_smi"], r["agree"]) for r in rows
               if r["field"] == "listed"}
     assert listed == {UUID: ("no", "yes", "no"), "GPU-other": ("yes", "no", "no")}
@@ -156,7 +162,7 @@ def test_junit_outcomes():
       <testcase classname="tests.gpu.test_nvml_links_real" name="test_c" time="0">
         <skipped message="no GPU here has NVLink"/></testcase>
     </testsuite></testsuites>"""
-    assert [(r["test"], r["outcome"], r["detail"]) for r in gc.parse_junit(xml)] == [
+    assert [(r["test"], r["outcome"], r["detail"]) for r in gpu_report.parse_junit(xml)] == [
         ("test_nvml_real::test_a", "passed", ""),
         ("test_nvml_real::test_b", "failed", "assert 3 == 4"),
         ("test_nvml_links_real::test_c", "skipped", "no GPU here has NVLink")]
@@ -167,13 +173,15 @@ def test_the_report_has_the_stamp_a_table_per_part_and_the_outcome(tmp_path):
              "gpus": "1 x NVIDIA H100 80GB HBM3", "driver": "550.54.15 (CUDA 12.4)",
              "kernel": "6.8.0-45-generic", "cpus": "16", "python": "/usr/bin/python3 3.12.3",
              "agent": "tracehound run"}
-    parts = [gc.Part(1, "GPU test tier", header=("test", "outcome"), rows=[("t::a", "passed")],
-                     outcome="pass", summary="1 passed"),
-             gc.Part(2, "GPU faults", header=("fault", "MTTD"), rows=[("gpu.burn", "a|b")],
-                     outcome="fail", summary="0/1", notes=["why"]),
-             gc.Part(3, "nvidia-smi", outcome="pass")]
+    Part = gpu_report.Part
+    parts = [Part(1, "GPU test tier", header=("test", "outcome"), rows=[("t::a", "passed")],
+                  outcome="pass", summary="1 passed"),
+             Part(2, "GPU faults", header=("fault", "MTTD"), rows=[("gpu.burn", "a|b")],
+                  outcome="fail", summary="0/1", notes=["why"]),
+             Part(3, "nvidia-smi", outcome="pass")]
     path = tmp_path / "report" / "gpu.md"
-    gc.write_report(str(path), gc.markdown(stamp, parts, {"chaos run gpu-burn.yaml": "boom"}))
+    gpu_report.write_report(str(path), gpu_report.markdown(
+        stamp, parts, {"chaos run gpu-burn.yaml": "boom"}))
     text = path.read_text()
     for line in ("- commit: 5bbd28239742", "- GPU: 1 x NVIDIA H100 80GB HBM3",
                  "- driver: 550.54.15 (CUDA 12.4)", "- kernel: 6.8.0-45-generic", "- CPUs: 16",
@@ -181,20 +189,21 @@ def test_the_report_has_the_stamp_a_table_per_part_and_the_outcome(tmp_path):
                  "## 1. GPU test tier: pass", "| t::a | passed |", "| gpu.burn | a\\|b |",
                  "- why", "### chaos run gpu-burn.yaml"):
         assert line in text.splitlines(), line
-    gc.write_report(str(path), gc.markdown(stamp, [parts[0], parts[2]]))
+    gpu_report.write_report(str(path), gpu_report.markdown(stamp, [parts[0], parts[2]]))
     assert "**Outcome: PASS**" in path.read_text()
 
 
 def test_fault_settings_fit_the_gpu():
-    assert gc.pick_power_cap(700_000, 200_000, 700_000)[0] == 560
-    watts, note = gc.pick_power_cap(200_000, 200_000, 700_000)
+    assert gpu_faults.pick_power_cap(700_000, 200_000, 700_000)[0] == 560
+    watts, note = gpu_faults.pick_power_cap(200_000, 200_000, 700_000)
     assert watts == 200 and "cannot lower" in note
-    assert gc.pick_clock_lock([1980, 1965, 1095, 210]) == (210, 1095)
-    assert gc.pick_clock_lock([]) is None
+    assert gpu_faults.pick_clock_lock([1980, 1965, 1095, 210]) == (210, 1095)
+    assert gpu_faults.pick_clock_lock([]) is None
 
 
 def test_the_pack_fetches_what_the_image_lacks():
-    assert gc.missing_dependencies((ROOT / "pyproject.toml").read_text()) == ["pyelftools>=0.29"]
+    pyproject = (ROOT / "pyproject.toml").read_text()
+    assert gpu_check.missing_dependencies(pyproject) == ["pyelftools>=0.29"]
 
 
 def _bin(tmp_path, nvidia_smi: str | None) -> str:
