@@ -57,8 +57,9 @@ class Budget:
     tier beside the host tiers) can be printed as one: ``python -m
     tests.suite_report FILE...``."""
 
-    def __init__(self, save_to: str = ""):
+    def __init__(self, save_to: str = "", notes: list | None = None):
         self.save_to = save_to
+        self.notes = notes if notes is not None else []
         self.first, self.last = {}, {}
         self.count = defaultdict(int)
         self.durations = defaultdict(float)
@@ -88,7 +89,8 @@ class Budget:
                               "wall_s": self.last.get(t, 0) - self.first.get(t, 0)}
                           for t in self.count},
                 "wall_s": time.time() - self.started, "durations": dict(self.durations),
-                "skips": dict(self.skips), "outcomes": dict(self.outcomes)}
+                "skips": dict(self.skips), "outcomes": dict(self.outcomes),
+                "notes": list(self.notes)}
 
     def pytest_terminal_summary(self, terminalreporter):
         if not self.count:
@@ -125,10 +127,21 @@ def budget_lines(records: list[dict], wall_s: float | None = None) -> list[str]:
               f"{SLOWEST} slowest tests (setup + call + teardown, s):"]
     for nodeid, seconds in sorted(durations.items(), key=lambda kv: -kv[1])[:SLOWEST]:
         lines.append(f"{seconds:8.1f}  {nodeid}")
+    notes = [note for rec in records for note in rec.get("notes", [])]
+    if notes:
+        lines += [""] + notes
     if skips:
         lines += ["", "skipped, by reason: " + "; ".join(
             f"{n} x {reason}" for reason, n in sorted(skips.items(), key=lambda kv: -kv[1]))]
     return lines
+
+
+NOTES = pytest.StashKey[list]()
+
+
+def budget_notes(config) -> list:
+    """Lines a tier adds to the run's budget (the VM tier: its one boot's scenarios)."""
+    return config.stash.setdefault(NOTES, [])
 
 
 def pytest_addoption(parser):
@@ -139,7 +152,8 @@ def pytest_addoption(parser):
 def pytest_configure(config):
     # one Budget per run, in the process that prints (not in xdist workers)
     if not hasattr(config, "workerinput"):
-        config.pluginmanager.register(Budget(config.getoption("budget_json")),
+        config.pluginmanager.register(Budget(config.getoption("budget_json"),
+                                             budget_notes(config)),
                                       "tracehound-time-budget")
 
 

@@ -15,6 +15,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import harness  # noqa: E402
 
+from tests import suite_report  # noqa: E402
+
 SCENARIOS = pytest.StashKey[list]()
 
 
@@ -30,6 +32,8 @@ def pytest_collection_modifyitems(config, items):
         for scenario in vars(item.module).values():
             if isinstance(scenario, harness.Scenario) and scenario not in wanted:
                 wanted.append(scenario)
+    # the capability checks first: a guest that lacks one fails early and plainly
+    wanted.sort(key=lambda sc: sc.name not in ("smoke", "failing"))
     config.stash[SCENARIOS] = wanted
     # Where the VM is mandatory (CI), a missing setup must fail, not skip.
     if os.environ.get("TRACEHOUND_VM_REQUIRED") == "1":
@@ -64,6 +68,18 @@ class GuestBoot:
             booted.append(sc)
         if booted:
             self.results.update(harness.run_scenarios(booted, base))
+        self.lines = self._timings(booted)
+
+    def _timings(self, booted) -> list:
+        """One line for the run's time budget: the boot, then each scenario."""
+        whole = next((r for r in self.results.values() if isinstance(r, harness.VmResult)), None)
+        parts = [f"VM, one boot: {whole.total_seconds:.0f} s in all, "
+                 f"{whole.boot_seconds:.0f} s to boot" if whole else "VM: no scenario ran"]
+        for sc in booted:
+            seconds = (self.base / sc.name / "seconds")
+            took = seconds.read_text().strip() if seconds.exists() else "?"
+            parts.append(f"{sc.name} {took} s")
+        return ["; ".join(parts)]
 
     def get(self, scenario):
         """(VmResult, results dir); raises what kept the scenario from running."""
@@ -82,4 +98,7 @@ class GuestBoot:
 
 @pytest.fixture(scope="session")
 def guest_boot(request, tmp_path_factory):
-    return GuestBoot(tmp_path_factory.mktemp("vm"), request.config.stash.get(SCENARIOS, []))
+    boot = GuestBoot(tmp_path_factory.mktemp("vm"), request.config.stash.get(SCENARIOS, []))
+    # the boot is one test's setup: the budget says what it was spent on
+    suite_report.budget_notes(request.config).extend(boot.lines)
+    return boot

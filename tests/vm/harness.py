@@ -323,7 +323,8 @@ echo "=== scenario {name}"
 s=$(date +%s)
 ( cd {repo} && timeout --kill-after=10 {timeout:.0f} bash -c {command} ) > {results}/output 2>&1 < /dev/null
 echo $? > {results}/rc.tmp && mv {results}/rc.tmp {results}/rc
-echo "=== scenario {name}: exit $(cat {results}/rc), $(( $(date +%s) - s )) s"
+echo $(( $(date +%s) - s )) > {results}/seconds
+echo "=== scenario {name}: exit $(cat {results}/rc), $(cat {results}/seconds) s"
 """
 
 
@@ -343,8 +344,6 @@ def run_scenarios(scenarios: Iterable[Scenario], base: Path) -> dict[str, VmResu
     boot_error = None
     try:
         whole = run_in_vm("\n".join(steps), timeout=budget, cwd=repo, writable=[base])
-        print(f"\nVM boot {whole.boot_seconds:.1f} s, {len(scenarios)} scenarios, "
-              f"total {whole.total_seconds:.1f} s")
     except VmBootError as exc:
         whole, boot_error = None, exc
     out: dict[str, VmResult | VmBootError] = {}
