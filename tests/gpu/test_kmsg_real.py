@@ -16,6 +16,9 @@ from tracehound.detect.gpu import GpuDetector
 from tracehound.detect.gpu_kmsg import GpuKernelLog
 from tracehound.gpu.kmsg import KmsgWatcher
 
+# the bus id of the marker line: PCI bus 0xff, device 0x1f names no GPU
+MARKER_BUS_ID = "0000:ff:1f.0"
+
 pytestmark = pytest.mark.skipif(not os.access("/dev/kmsg", os.R_OK | os.W_OK),
                                 reason="reading and writing /dev/kmsg needs root")
 
@@ -38,13 +41,22 @@ def test_a_kernel_log_xid_is_counted_under_the_nvml_gpu(tmp_path):
         state = xid.prepare(xid.with_defaults({"xid": 14, "pci_bus_id": gpu.pci_bus_id}),
                             "gpu-tier").state
         xid.apply(state)
-        deadline = time.monotonic() + 5
-        while time.monotonic() < deadline and not events:
+        # a second line, for a bus id no device has: the log is read in order,
+        # so once it is counted the real GPU's count is final
+        marker = xid.prepare(xid.with_defaults({"xid": 14, "pci_bus_id": MARKER_BUS_ID}),
+                             "gpu-tier-marker").state
+        xid.apply(marker)
+
+        def counted(bus_id):
+            return [s for f in GpuKernelLogCollector(hub, watcher).collect()
+                    if f.name == "tracehound_gpu_xid_errors" for s in f.samples
+                    if s.labels["pci_bus_id"] == bus_id and s.labels["xid"] == "14"]
+
+        deadline = time.monotonic() + 30
+        while not counted(MARKER_BUS_ID):
+            assert time.monotonic() < deadline, "the marker XID line was never counted"
             time.sleep(0.05)
-        time.sleep(1.0)         # room for a second count, were there one
-        samples = [s for f in GpuKernelLogCollector(hub, watcher).collect()
-                   if f.name == "tracehound_gpu_xid_errors" for s in f.samples
-                   if s.labels["pci_bus_id"] == gpu.pci_bus_id and s.labels["xid"] == "14"]
+        samples = counted(gpu.pci_bus_id)
         assert [(s.labels["gpu"], s.labels["uuid"], s.value) for s in samples] == [
             (str(gpu.index), gpu.uuid, 1)]
         (event,) = [e for e in events if e.get("xid") == 14]

@@ -49,11 +49,14 @@ def test_nvlink_traffic_counters_only_grow(collector):
     first = scrape(collector)["tracehound_gpu_nvlink_bytes"]
     if not first:
         pytest.skip("no NVLink throughput fields on this GPU/driver")
-    time.sleep(1)
-    again = {tuple(sorted(lbl.items())): v for _, lbl, v in
-             scrape(collector)["tracehound_gpu_nvlink_bytes"]}
-    for _, lbl, v in first:
-        assert again[tuple(sorted(lbl.items()))] >= v
+    # every scrape after another: no counter ever goes back
+    before = {tuple(sorted(lbl.items())): v for _, lbl, v in first}
+    for _ in range(5):
+        again = {tuple(sorted(lbl.items())): v for _, lbl, v in
+                 scrape(collector)["tracehound_gpu_nvlink_bytes"]}
+        for key, v in before.items():
+            assert again[key] >= v, key
+        before = again
 
 
 def test_mig_mode_matches_nvidia_smi(collector):
@@ -145,7 +148,12 @@ def test_clock_lock_holds_the_sm_clock_under_load_and_rolls_back(collector):
             worker = threading.Thread(target=found[1], args=(stop, ready), daemon=True)
             worker.start()
             assert ready.wait(120)
-            time.sleep(3)
+            # read the clock once the load shows in the GPU's utilization
+            deadline = time.monotonic() + 60
+            while value(scrape(collector), "tracehound_gpu_utilization_ratio", gpu=0,
+                        engine="gpu") < 0.5:
+                assert time.monotonic() < deadline, "the load never showed in utilization"
+                time.sleep(0.2)
             sm = value(scrape(collector), "tracehound_gpu_clock_hertz", gpu=0, clock="sm")
             assert sm <= top * 1e6 + 15e6, f"SM clock {sm / 1e6:.0f} MHz above the {top} MHz lock"
     finally:

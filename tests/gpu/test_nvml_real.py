@@ -148,7 +148,17 @@ def test_collector_matches_nvidia_smi(collector):
         assert value(f, "tracehound_gpu_numa_node", **sel) is not None
 
 
-def test_event_thread_registers_and_stops():
+def test_event_thread_registers_and_stops(monkeypatch):
+    import pynvml
+    waits = []
+    real_wait = pynvml.nvmlEventSetWait_v2
+
+    def counted_wait(*args):
+        waits.append(1)
+        return real_wait(*args)
+
+    # the event thread looks the function up on the module at each wait
+    monkeypatch.setattr(pynvml, "nvmlEventSetWait_v2", counted_wait)
     col, reason = open_collector(event_wait_ms=200)     # wired as the gpu subsystem wires it
     assert col is not None, reason
     try:
@@ -163,7 +173,11 @@ def test_event_thread_registers_and_stops():
         gpu = next(g for g in col.gpus if g.handle is not None)
         col.events.on_event(gpu, "xid", 14)
         assert hub.snapshot().xids == {(gpu_key(gpu), 14): 1}
-        time.sleep(0.5)   # a few wait timeouts pass without ending the thread
+        # a few waits end (timeouts, with no event) without ending the thread
+        seen, deadline = len(waits), time.monotonic() + 30
+        while len(waits) < seen + 3:
+            assert time.monotonic() < deadline, f"the event thread stopped waiting: {len(waits)}"
+            time.sleep(0.05)
         assert col.events.running
         thread = col.events._thread
     finally:
@@ -231,10 +245,14 @@ def test_matmul_burn_raises_power_or_temperature(collector):
     if found is None:
         pytest.skip("neither PyTorch with CUDA nor CuPy is importable: no way to load the GPU")
     _, burn = found
+    # the idle baseline: the highest of readings taken until NVML has
+    # refreshed the power reading once (it samples about every 100 ms)
     base, _ = _readings(collector)
-    time.sleep(1.0)
-    again, _ = _readings(collector)
-    baseline = {g: {k: max(base[g].get(k, 0), again[g].get(k, 0)) for k in ("power", "temp")}
+    readings, deadline = [base], time.monotonic() + 10
+    while all(r == base for r in readings) and time.monotonic() < deadline:
+        time.sleep(0.05)
+        readings.append(_readings(collector)[0])
+    baseline = {g: {k: max(r[g].get(k, 0) for r in readings) for k in ("power", "temp")}
                 for g in base}
 
     stop, ready, errors = threading.Event(), threading.Event(), []
