@@ -10,13 +10,14 @@ import json
 import os
 import secrets
 import shutil
+import subprocess
 import tempfile
 import time
 import urllib.request
 
 import pytest
 
-from tests.kernel.conftest import series, start_agent, stop_agent
+from tests.kernel.conftest import require_tools, series, start_agent, stop_agent
 from tests.kernel.test_chaos_examples import run_example
 
 KMSG = "/dev/kmsg"
@@ -174,4 +175,57 @@ def test_malformed_driver_lines_are_skipped_and_counted(kmsg_agent):
     # read in order: by the time the good line is counted the bad ones were seen
     assert series(m, "tracehound_gpu_kmsg_malformed_total") == before + len(bad)
     assert series(m, XID, pci_bus_id=pci) == 1
+    assert series(m, "tracehound_gpu_kmsg_up") == 1
+
+
+SEGFAULT_C = r"""
+#include <sys/prctl.h>
+int main(void) {
+    prctl(PR_SET_NAME, "NVRM: Xid (", 0, 0, 0);   /* the start of the kernel's line */
+    *(volatile int *)0 = 1;                        /* its end: this file's name */
+    return 0;
+}
+"""
+
+
+def kernel_lines_with(text: str) -> int:
+    out = subprocess.run(["dmesg", "--raw"], capture_output=True, text=True, check=True).stdout
+    return out.count(text)
+
+
+def test_an_unprivileged_segfault_shaped_like_a_fatal_xid_counts_nothing(kmsg_agent, tmp_path):
+    """Any user's crashing program puts its name first and its file's name
+    last in the kernel's segfault line: named to read as a fatal XID of a
+    real-looking GPU, the line is a malformed driver line, never an XID."""
+    require_tools("gcc", "setpriv", "dmesg")
+    with open("/proc/sys/debug/exception-trace") as f:
+        assert f.read().strip() == "1", "debug.exception-trace=0: the kernel logs no segfaults"
+    pci = unique_pci()
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    os.chmod(tmp_path, 0o755)
+    os.chmod(bindir, 0o755)
+    src = tmp_path / "crash.c"
+    src.write_text(SEGFAULT_C)
+    binary = bindir / f"{pci}):79, pid=1, name=forged,"
+    subprocess.run(["gcc", "-O0", "-o", str(binary), str(src)], check=True)
+    os.chmod(binary, 0o755)
+    before = series(kmsg_agent.scrape(), "tracehound_gpu_kmsg_malformed_total")
+    marker = f"{pci}):79"
+    logged = kernel_lines_with(marker)
+    deadline = time.monotonic() + 60
+    # the kernel rate-limits segfault lines: crash until one is logged
+    while kernel_lines_with(marker) == logged:
+        assert time.monotonic() < deadline, "the kernel logged no segfault line"
+        crash = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534", "--clear-groups",
+                                str(binary)], capture_output=True)
+        assert crash.returncode == -11, crash      # SIGSEGV, as nobody
+    # a well-formed line after it: read in order, the crash's line was seen first
+    write_kmsg(f"NVRM: Xid ({driver_form(pci)}): 31, pid=1, name=x, after the crash")
+    assert wait_value(kmsg_agent, XID, 1, pci_bus_id=pci, xid="31") == 1
+    m = kmsg_agent.scrape()
+    assert not [k for k in m if k[0] == XID and ("pci_bus_id", pci) in k[1]
+                and ("xid", "79") in k[1]], "the crash was counted as an XID"
+    assert series(m, "tracehound_gpu_kmsg_malformed_total") >= before + 1
+    assert not [e for e in events(kmsg_agent) if e.get("pci_bus_id") == pci and e.get("xid") == 79]
     assert series(m, "tracehound_gpu_kmsg_up") == 1

@@ -567,3 +567,64 @@ def test_stopping_before_the_saved_position_is_reached_keeps_it(state, caplog):
     assert w.stop()
     assert saved(state)["seq"] == 9
     assert caplog.text.count("Input/output error") == 1     # logged once, not per retry
+
+
+# -- lines any user can shape -------------------------------------------------
+
+# A segfault line begins with the process name (PR_SET_NAME, 15 bytes) and
+# ends with the binary's file name: both the user's.
+FORGED = [
+    "NVRM: Xid ([5375]: segfault at 0 ip 0000000000401000 sp 00007ffd3d1c8e60 error 6 in "
+    "0000:3b:00.0):79, pid=1, name=forged,[401000+1000]",
+    "NVRM: Xid (PCI:[81]: segfault at 0 ip 0000000000401000 sp 00007ffd3d1c8e60 error 6 in "
+    "0000:3b:00):79, pid=1, name=forged,[401000+1000]",
+    "nvswitch0: SXid ([91]: segfault at 0 ip 0 sp 0 error 6 in PCI:0000:c3:00.0): 24007, Fatal,",
+]
+
+
+@pytest.mark.parametrize("line", FORGED)
+def test_a_segfault_line_shaped_like_an_xid_is_not_one(line):
+    ev = parse_gpu_line(line)
+    assert ev is None or ev.kind == MALFORMED, ev
+
+
+@pytest.mark.parametrize("line", [
+    "NVRM: GPU [77]: segfault at 0 ip 0 sp 0 error 6 in GPU has fallen off the bus 0000:3b:00.0",
+    "NVRM: The NVID[7]: segfault at 0 ip 0 sp 0 error 6 in fallen off the bus 0000:3b:00.0",
+    "NVRM: RmInitAd[7]: segfault at 0 ip 0 sp 0 error 6 in RmInitAdapter failed!",
+])
+def test_a_segfault_line_shaped_like_a_lost_gpu_is_not_one(line):
+    assert parse_gpu_line(line) is None
+
+
+@pytest.mark.parametrize("line", [
+    "NVRM: Xid (PCI:0000:3b:00): \u0663, pid=1, name=x",         # an Arabic-Indic three
+    "NVRM: Xid (PCI:0000:3b:00): 7\u00b9, pid=1, name=x",        # a superscript one
+    "NVRM: Xid (PCI:0000:3b:00): 1234567, pid=1, name=x",        # no XID has seven digits
+])
+def test_only_ascii_digits_make_an_xid_number(line):
+    assert parse_gpu_line(line).kind == MALFORMED
+
+
+def test_a_pid_in_other_digits_is_no_pid_and_no_error():
+    ev = parse_gpu_line("NVRM: Xid (PCI:0000:3b:00): 79, pid=\u00b2\u00b3, name=x, GPU has fallen "
+                        "off the bus.")
+    assert (ev.kind, ev.number, ev.pid, ev.process) == ("xid", 79, None, "x")
+
+
+def test_a_record_that_cannot_be_read_is_counted_and_the_watcher_goes_on(state, monkeypatch):
+    import tracehound.gpu.kmsg as kmsg_mod
+    real = kmsg_mod.parse_gpu_line
+
+    def parse(message):
+        if "poison" in message:
+            raise ValueError("a parser bug")
+        return real(message)
+
+    monkeypatch.setattr(kmsg_mod, "parse_gpu_line", parse)
+    ring = FakeRing()
+    ring.log(xid(13), "NVRM: poison", xid(31))
+    with Run(ring, state) as r:
+        assert wait_for(lambda: len(r.events) == 2)
+        assert [e.number for e in r.events] == [13, 31]
+        assert r.w.malformed == 1 and r.w.running

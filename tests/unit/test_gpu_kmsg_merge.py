@@ -115,18 +115,18 @@ def test_sxid_fallen_off_bus_and_init_failures_count_and_raise_events():
     hub.kernel_event(line("nvidia-nvswitch3: SXid (PCI:0000:c8:00.0): 24007, Fatal, Link 32"))
     hub.kernel_event(line("NVRM: GPU 0000:3b:00.0: GPU has fallen off the bus."))
     hub.kernel_event(line("NVRM: RmInitAdapter failed! (0x26:0x65:1424)"))
-    hub.kernel_event(line("NVRM: Xid (no bus id here): 13, x"))
+    hub.kernel_event(line("NVRM: Xid (PCI:0000:3b:00): 13, x"))
     f = scrape(col)
     sx = "tracehound_gpu_nvswitch_sxid_errors"
     assert value(f, sx, device="nvidia-nvswitch3", sxid=12028, severity="non_fatal") == 1
     assert value(f, sx, pci_bus_id="0000:c8:00.0", sxid=24007, severity="fatal") == 1
     assert value(f, "tracehound_gpu_fallen_off_bus", pci_bus_id=PCI) == 1
     assert value(f, "tracehound_gpu_init_failures", pci_bus_id="") == 1
-    assert value(f, "tracehound_gpu_xid_errors", gpu="unknown", xid=13) == 1
+    assert value(f, "tracehound_gpu_xid_errors", pci_bus_id=PCI, xid=13) == 1
     kinds = [(e["kind"], e["severity"]) for e in events.items]
     assert kinds == [("sxid", "warning"), ("sxid", "fatal"), ("fallen_off_bus", "fatal"),
                      ("init_failed", "fatal"), ("xid", "error")]
-    assert events.items[-1]["gpu"] == "unknown"
+    assert events.items[-1]["pci_bus_id"] == PCI
     assert all(e["name"] and e["action"] for e in events.items)
     assert value(f, "tracehound_gpu_health", pci_bus_id=PCI, condition="lost") == 1
 

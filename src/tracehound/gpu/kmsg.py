@@ -256,7 +256,13 @@ class KmsgWatcher:
                 if raw is None:
                     self._idle()
                     continue
-                self._record(raw)
+                try:
+                    self._record(raw)
+                except Exception:  # noqa: BLE001 - no record may stop the reader
+                    self.malformed += 1
+                    log.log(logging.WARNING if self.malformed == 1 else logging.DEBUG,
+                            "kernel log record %r could not be read; skipped", raw[:200],
+                            exc_info=True)
                 self._save()
         except Exception:  # the thread must end with the position saved
             log.exception("kernel log watcher failed")

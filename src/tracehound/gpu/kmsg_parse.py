@@ -78,22 +78,40 @@ class GpuKernelEvent:
     history: bool = False
 
 
+# The driver's grammar, anchored, in ASCII only (re.A: \d and \s match no
+# other digits or spaces). Any user can put text at the start of a kernel
+# line: a segfault line begins with the process name (15 bytes at most),
+# then "[pid]: segfault ...", and ends with the binary's file name. So what
+# makes a line the driver's must follow from its very start, in the
+# driver's words: a bus id where the driver puts one, never one found
+# anywhere in the line.
 _HEX = "[0-9a-fA-F]"
-_PCI = re.compile(rf"(?:PCI:)?(?:({_HEX}{{4,8}}):)?({_HEX}{{2}}):({_HEX}{{2}})(?:\.([0-7]))?")
-_PCI_IN_TEXT = re.compile(rf"\b(?:PCI:)?({_HEX}{{4,8}}):({_HEX}{{2}}):({_HEX}{{2}})(?:\.([0-7]))?\b")
-_DMESG_STAMP = re.compile(r"^\s*(?:\[\s*\d+\.\d+\]\s*)?")
-_NEWLINES = re.compile(r"\s*\n\s*(?:NVRM:\s*)?")
-_XID = re.compile(r"NVRM:\s*Xid\s*\(([^)]*)\)\s*:\s*(\d+)\s*(?:,\s*(.*))?$", re.I | re.S)
-_XID_START = re.compile(r"NVRM:\s*Xid\b", re.I)
-_SXID = re.compile(r"(?:([\w.-]+):\s*)?SXid\s*\(([^)]*)\)\s*:\s*(\d+)\s*(?:,\s*(.*))?$", re.I | re.S)
-_SXID_START = re.compile(r"(?:[\w.-]+:\s*)?SXid\b", re.I)
-_PID = re.compile(r"pid\s*=\s*'?([^',]*)'?\s*(?:,\s*|$)")
-_NAME = re.compile(r"name\s*=\s*([^,]*?)\s*(?:,\s*|$)")
-_GPU_INSTANCE = re.compile(r"GPU-I:\s*(\d+)")
-_GPU_PREFIX = re.compile(r"GPU\s+" + _PCI_IN_TEXT.pattern + r"\s*:\s*")
-_FALLEN = re.compile(r"fallen off the bus", re.I)
-_INIT_FAILED = re.compile(r"\b(?:RmInitAdapter|rm_init_adapter)\s+failed", re.I)
-_MINOR = re.compile(r"device minor number\s+(\d+)", re.I)
+_BUS = rf"(?:PCI:)?(?:({_HEX}{{4,8}}):)?({_HEX}{{2}}):({_HEX}{{2}})(?:\.([0-7]))?"
+_BUS_ANY = rf"(?:PCI:)?(?:{_HEX}{{4,8}}:)?{_HEX}{{2}}:{_HEX}{{2}}(?:\.[0-7])?"   # no groups
+_PCI = re.compile(_BUS, re.A)
+_DMESG_STAMP = re.compile(r"^\s*(?:\[\s*\d+\.\d+\]\s*)?", re.A)
+_NEWLINES = re.compile(r"\s*\n\s*(?:NVRM:\s*)?", re.A)
+_XID = re.compile(rf"NVRM:\s*Xid\s*\(\s*({_BUS_ANY}(?:[\s,]+GPU-I:\s*\d{{1,4}})?)"
+                  r"\s*\)\s*:\s*(\d{1,6})\s*(?:,\s*(.*))?$",
+                  re.I | re.S | re.A)
+_XID_START = re.compile(r"NVRM:\s*Xid\b", re.I | re.A)
+_SXID = re.compile(rf"(?:([\w.-]{{1,64}}):\s*)?SXid\s*\(\s*"
+                   rf"({_BUS_ANY})"
+                   r"\s*\)\s*:\s*(\d{1,6})\s*(?:,\s*(.*))?$", re.I | re.S | re.A)
+_SXID_START = re.compile(r"(?:[\w.-]+:\s*)?SXid\b", re.I | re.A)
+_PID = re.compile(r"pid\s*=\s*'?([^',]*)'?\s*(?:,\s*|$)", re.A)
+_PID_NUMBER = re.compile(r"[0-9]{1,10}")
+_NAME = re.compile(r"name\s*=\s*([^,]*?)\s*(?:,\s*|$)", re.A)
+_GPU_INSTANCE = re.compile(r"GPU-I:\s*(\d{1,4})", re.A)
+_GPU_PREFIX = re.compile(rf"GPU\s+{_BUS}\s*:\s*", re.A)
+# "GPU has fallen off the bus." (after an optional "GPU <bus id>: "), or
+# "The NVIDIA GPU <bus id> (PCI ID: 10de:xxxx) installed in this system has
+# fallen off the bus and is not responding to commands."
+_FALLEN = re.compile(r"GPU has fallen off the bus\b", re.I | re.A)
+_FALLEN_LONG = re.compile(rf"The NVIDIA GPU\s+{_BUS}\s*\(PCI ID:\s*{_HEX}{{4}}:{_HEX}{{4}}\)\s*"
+                          r"installed in this system has\s+fallen off the bus\b", re.I | re.A)
+_INIT_FAILED = re.compile(r"(?:RmInitAdapter|rm_init_adapter)\s+failed", re.I | re.A)
+_MINOR = re.compile(r"device minor number\s+(\d{1,4})", re.I | re.A)
 # the second and third lines of one SXid report repeat its number
 _SXID_FOLLOWUP = re.compile(r"(?:Severity\s+\d|Data\s*\{)", re.I)
 
@@ -115,7 +133,8 @@ def _xid(line: str, m: re.Match) -> GpuKernelEvent:
     pid = process = None
     pm = _PID.match(rest)
     if pm:     # pid=1234, pid='<unknown>'
-        pid, rest = (int(pm[1]) if pm[1].strip().isdigit() else None), rest[pm.end():]
+        digits = pm[1].strip()
+        pid, rest = (int(digits) if _PID_NUMBER.fullmatch(digits) else None), rest[pm.end():]
     nm = _NAME.match(rest)
     if nm:
         name, rest = nm[1].strip("' "), rest[nm.end():]
@@ -159,10 +178,13 @@ def parse_gpu_line(message: str) -> GpuKernelEvent | None:
     gm = _GPU_PREFIX.match(text)
     if gm:
         pci, text = normalize_pci(*gm.groups()), text[gm.end():]
-    if _FALLEN.search(text):
-        return GpuKernelEvent("fallen_off_bus", line, pci=pci or _pci_of(text, _PCI_IN_TEXT),
+    if _FALLEN.match(text):
+        return GpuKernelEvent("fallen_off_bus", line, pci=pci, detail=text)
+    long_form = None if pci else _FALLEN_LONG.match(text)
+    if long_form:
+        return GpuKernelEvent("fallen_off_bus", line, pci=normalize_pci(*long_form.groups()),
                               detail=text)
-    if _INIT_FAILED.search(text):
+    if _INIT_FAILED.match(text):
         minor = _MINOR.search(text)
         return GpuKernelEvent("init_failed", line, pci=pci,
                               device=f"nvidia{minor.group(1)}" if minor else None, detail=text)
