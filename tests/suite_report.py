@@ -95,12 +95,13 @@ class Budget:
     def pytest_terminal_summary(self, terminalreporter):
         if not self.count:
             return
+        record = self.record()
         terminalreporter.section("time budget")
-        for line in budget_lines([self.record()]):
+        for line in budget_lines([record]):
             terminalreporter.write_line(line)
         if self.save_to:
             with open(self.save_to, "w") as f:
-                json.dump(self.record(), f)
+                json.dump(record, f)
 
 
 def budget_lines(records: list[dict], wall_s: float | None = None) -> list[str]:

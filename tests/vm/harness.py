@@ -19,6 +19,7 @@ dependencies are installed.
 from __future__ import annotations
 
 import codecs
+import dataclasses
 import json
 import os
 import re
@@ -42,6 +43,8 @@ __all__ = [
     "run_in_vm",
     "run_scenarios",
     "Scenario",
+    "guest_script",
+    "checks_of",
 ]
 
 DEFAULT_CACHE = "/var/cache/tracehound/vm"
@@ -346,19 +349,16 @@ def run_scenarios(scenarios: Iterable[Scenario], base: Path) -> dict[str, VmResu
         whole = run_in_vm("\n".join(steps), timeout=budget, cwd=repo, writable=[base])
     except VmBootError as exc:
         whole, boot_error = None, exc
+    # what the boot says of all of them (after a crash: its console, no timings)
+    shared = whole or VmResult(0, "", boot_error.console_tail, -1.0, -1.0, "", "")
     out: dict[str, VmResult | VmBootError] = {}
     for sc in scenarios:
         rc = _read(base / sc.name / "rc").strip()
         if not rc.lstrip("-").isdigit():
             out[sc.name] = boot_error or VmBootError(f"scenario {sc.name} left no exit status")
             continue
-        out[sc.name] = VmResult(
-            returncode=int(rc), output=_read(base / sc.name / "output"),
-            console_tail=whole.console_tail if whole else boot_error.console_tail,
-            boot_seconds=whole.boot_seconds if whole else -1.0,
-            total_seconds=whole.total_seconds if whole else -1.0,
-            kernel_release=whole.kernel_release if whole else "",
-            cgroup2=whole.cgroup2 if whole else "")
+        out[sc.name] = dataclasses.replace(shared, returncode=int(rc),
+                                           output=_read(base / sc.name / "output"))
     return out
 
 
@@ -372,11 +372,9 @@ def guest_script(script: str, *args: str, timeout: float, name: str = "",
                     prepare)
 
 
-def checks_of(result: VmResult | VmBootError, results: Path) -> tuple[VmResult, dict]:
+def checks_of(result: VmResult, results: Path) -> tuple[VmResult, dict]:
     """A check scenario's result and the checks.json it wrote as it went
     (what it decided before a crash or a timeout still comes back)."""
-    if isinstance(result, VmBootError):
-        raise result
     report = results / "checks.json"
     data = (json.loads(report.read_text()) if report.exists()
             else {"checks": {}, "timings": {}})

@@ -123,8 +123,9 @@ def normalize_pci(domain: str | None, bus: str, device: str, function: str | Non
     return f"{domain}:{bus}:{device}.{function or '0'}".lower()
 
 
-def _pci_of(text: str, pattern: re.Pattern = _PCI) -> str | None:
-    m = pattern.search(text)
+def _pci_of(where: str) -> str | None:
+    """The bus id the driver's grammar put first in `where`."""
+    m = _PCI.match(where)
     return normalize_pci(*m.groups()) if m else None
 
 
