@@ -182,3 +182,34 @@ def test_valid_utf8_replaces_what_utf8_cannot_carry_and_keeps_the_rest():
     assert valid_utf8(HOSTILE) == SHOWN
     assert valid_utf8("\ud800x\udfff") == "\ufffdx\ufffd"
     assert valid_utf8("naïve \u2028 ok") == "naïve \u2028 ok"
+
+
+HOSTILE_VALUES = [HOSTILE, "\ud800\udfff", 'q"uote\\back\nnew\\n', "\x00\x7f\x85\u2028\u2029",
+                  "}{,=", " lead and trail ", "\ufffd", "é 日本 🙂"]
+
+
+def test_promtool_accepts_every_hostile_label_value_in_one_scrape():
+    """Prometheus's own parser (promtool, once) over what the tests above
+    generate one by one."""
+    import shutil
+    import subprocess
+
+    def make():
+        blocks = exposition.Blocks(["cgroup"])
+        rows = exposition.ValueRows("t_rows", "Rows.", "counter",
+                                    [blocks.get((v,)) for v in HOSTILE_VALUES],
+                                    list(range(len(HOSTILE_VALUES))))
+        plain = GaugeMetricFamily("t_plain", "Plain \udcff help.", labels=["cgroup"])
+        for i, v in enumerate(HOSTILE_VALUES):
+            plain.add_metric([v], i)
+        return [rows, plain]
+
+    promtool = shutil.which("promtool")
+    assert promtool, "promtool is missing: apt-get install prometheus (scripts/install --dev does)"
+    body = scraper(make).respond(request()).body
+    res = subprocess.run([promtool, "check", "metrics"], input=body, capture_output=True,
+                         timeout=60)
+    assert res.returncode == 0, res.stdout + res.stderr
+    got = samples_of(text_parse(body.decode("utf-8")))
+    assert {dict(k[1])["cgroup"] for k in got if k[0] == "t_plain"} == {
+        valid_utf8(v) for v in HOSTILE_VALUES}
