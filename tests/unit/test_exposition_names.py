@@ -140,12 +140,14 @@ def test_a_family_that_raises_is_left_out_counted_and_the_rest_is_served(caplog)
         messages = {m.name for m in decode(s.respond(request(accept=PROTO)).body)}
         assert {"t_before", "t_good_rows", "t_after"} <= messages
         assert not {"t_broken", "t_rows"} & messages
-    assert s.failed_families == {"t_broken": 5, "t_rows": 5}
+        only = s.respond(request(query="name[]=t_after&name[]=t_broken")).body.decode()
+        assert [f.name for f in text_parse(only)] == ["t_after"]
+    assert s.failed_families == {"t_broken": 6, "t_rows": 5}
     # said once per family, not once per scrape
     assert sum("t_broken" in r.getMessage() for r in caplog.records) == 1
     counted = samples_of(text_parse(s.respond(request()).body.decode()))
     assert counted[("tracehound_exposition_families_failed_total",
-                    (("family", "t_broken"),))] == 5.0
+                    (("family", "t_broken"),))] == 6.0
 
 
 def test_a_watched_directory_named_with_non_utf8_bytes_is_watched(tmp_path):

@@ -295,7 +295,8 @@ def shown(fam: Metric) -> Metric:
     """The family as it is exposed: empty label values left out, every label
     value and the help valid UTF-8 (a copy, only where anything changes)."""
     def needs_care(labels: dict) -> bool:
-        return any(not v or not v.isascii() for v in labels.values())
+        values = labels.values()
+        return "" in values or not "".join(values).isascii()
 
     doc = fam.documentation
     if doc.isascii() and not any(needs_care(s.labels) for s in fam.samples):

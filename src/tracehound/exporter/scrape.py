@@ -114,7 +114,7 @@ class Scraper:
         families = families + self.own_families()
         names = urllib.parse.parse_qs(request.query).get("name[]")
         if names:
-            families = list(restrict(families, set(names)))
+            families = list(restrict(families, set(names), self._family_failed))
         fmt = exposition.choose(request.headers.get("Accept"))
         headers = [("Content-Type", exposition.CONTENT_TYPES[fmt]),
                    ("Vary", "Accept, Accept-Encoding")]
@@ -140,11 +140,18 @@ class Scraper:
                 release_free_memory()
 
 
-def restrict(families: Iterable[Metric], names: set[str]):
+def restrict(families: Iterable[Metric], names: set[str], failed=None):
     """Only the samples named in `names` (as prometheus_client's
-    `?name[]=` filter does: full sample names, e.g. x_total, x_bucket)."""
+    `?name[]=` filter does: full sample names, e.g. x_total, x_bucket).
+    A family whose samples cannot be read is left out, passed to
+    `failed(name, exception)` as exposition.render does."""
     for fam in families:
-        every = fam.samples          # a Rows family builds them on each access
+        try:
+            every = fam.samples      # a Rows family builds them on each access
+        except Exception as exc:  # noqa: BLE001 - one family never fails the scrape
+            if failed is not None:
+                failed(fam.name, exc)
+            continue
         samples = [s for s in every if s.name in names]
         if not samples:
             continue
