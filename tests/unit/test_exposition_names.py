@@ -7,15 +7,17 @@ import json
 import logging
 import os
 
+import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 from prometheus_client.openmetrics.parser import text_string_to_metric_families as om_parse
 from prometheus_client.parser import text_string_to_metric_families as text_parse
 
 from tracehound.attribution.cgroup_watch import CgroupWatcher
-from tracehound.exporter import exposition
+from tracehound.exporter import exposition, failures
 from tracehound.exporter.events import EventLog
 from tracehound.exporter.messages import call_wsgi
+from tracehound.exporter.registry import CollectorHealth
 from tracehound.exporter.scrape import Scraper
 from tracehound.exporter.utf8 import valid_utf8
 
@@ -45,7 +47,16 @@ class Families:
 def scraper(make) -> Scraper:
     registry = CollectorRegistry()
     registry.register(Families(make))
+    registry.register(CollectorHealth([]))
     return Scraper(registry)
+
+
+@pytest.fixture(autouse=True)
+def fresh_failures(monkeypatch):
+    """Failures counted by these tests alone."""
+    counted = failures.FamilyFailures()
+    monkeypatch.setattr(failures, "FAILURES", counted)
+    return counted
 
 
 def net_like():
@@ -80,7 +91,7 @@ def test_a_cgroup_named_with_non_utf8_bytes_is_served_whole_in_text_and_gzip():
         got = samples_of(text_parse(body.decode("utf-8")))
         assert {k: v for k, v in got.items() if k[0].startswith("t_")} == EXPECTED
         assert "tracehound_scrape_samples" in {k[0] for k in got}
-    assert s.failed_families == {}
+    assert failures.FAILURES.counts() == {}
 
 
 def test_a_cgroup_named_with_non_utf8_bytes_is_served_in_openmetrics_and_protobuf():
@@ -126,7 +137,7 @@ def with_broken():
             GaugeMetricFamily("t_after", "Last.", value=2)]
 
 
-def test_a_family_that_raises_is_left_out_counted_and_the_rest_is_served(caplog):
+def test_a_family_that_raises_is_left_out_counted_and_the_rest_is_served(caplog, fresh_failures):
     s = scraper(with_broken)
     with caplog.at_level(logging.WARNING):
         for accept, encoding, parse in (("", "", text_parse), ("", "gzip", text_parse),
@@ -142,7 +153,7 @@ def test_a_family_that_raises_is_left_out_counted_and_the_rest_is_served(caplog)
         assert not {"t_broken", "t_rows"} & messages
         only = s.respond(request(query="name[]=t_after&name[]=t_broken")).body.decode()
         assert [f.name for f in text_parse(only)] == ["t_after"]
-    assert s.failed_families == {"t_broken": 6, "t_rows": 5}
+    assert fresh_failures.counts() == {"t_broken": 6, "t_rows": 5}
     # said once per family, not once per scrape
     assert sum("t_broken" in r.getMessage() for r in caplog.records) == 1
     counted = samples_of(text_parse(s.respond(request()).body.decode()))

@@ -22,7 +22,6 @@ short, nor fails the scrape.
 """
 from __future__ import annotations
 
-import logging
 import math
 from itertools import accumulate
 from typing import Callable, Iterable, Iterator, Optional, Sequence
@@ -32,10 +31,8 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
                                     HistogramMetricFamily, Metric)
 from prometheus_client.openmetrics import exposition as om_exposition
 
-from . import protobuf
+from . import failures, protobuf
 from .utf8 import valid_utf8
-
-log = logging.getLogger(__name__)
 
 TEXT, OPENMETRICS, PROTOBUF = "text", "openmetrics", "protobuf"
 # histogram rows joined per chunk: a few MB, so a large exposition is never
@@ -313,7 +310,7 @@ def _library_text(families: list, openmetrics: bool) -> bytes:
     return text_exposition.generate_latest(_Families(families))
 
 
-Failed = Optional[Callable[[str, BaseException], None]]
+Failed = Callable[[str, BaseException], None]
 
 
 def _plain_text(families: list, openmetrics: bool, failed: Failed) -> bytes:
@@ -326,7 +323,7 @@ def _plain_text(families: list, openmetrics: bool, failed: Failed) -> bytes:
         try:
             safe.append(shown(fam))
         except Exception as exc:  # noqa: BLE001 - one family never fails the scrape
-            _report(failed, fam, exc)
+            failed(fam.name, exc)
     try:
         return _library_text(safe, openmetrics)
     except Exception:  # noqa: BLE001 - find the family at fault, keep the rest
@@ -335,16 +332,8 @@ def _plain_text(families: list, openmetrics: bool, failed: Failed) -> bytes:
             try:
                 out.append(_library_text([fam], openmetrics))
             except Exception as exc:  # noqa: BLE001
-                _report(failed, fam, exc)
+                failed(fam.name, exc)
         return b"".join(out)
-
-
-def _report(failed: Failed, fam: Metric, exc: BaseException) -> None:
-    name = getattr(fam, "name", type(fam).__name__)
-    if failed is not None:
-        failed(name, exc)
-    else:
-        log.warning("family %s left out of the exposition: %s", name, exc)
 
 
 def _rows_text(fam: Rows, openmetrics: bool, failed: Failed) -> Iterator[bytes]:
@@ -353,23 +342,25 @@ def _rows_text(fam: Rows, openmetrics: bool, failed: Failed) -> Iterator[bytes]:
     try:
         yield from fam.text(openmetrics)
     except Exception as exc:  # noqa: BLE001
-        _report(failed, fam, exc)
+        failed(fam.name, exc)
 
 
 def _proto(fam: Metric, failed: Failed) -> bytes:
     try:
         return fam.proto() if isinstance(fam, Rows) else protobuf.from_metric(shown(fam))
     except Exception as exc:  # noqa: BLE001 - one message is one family: all or nothing
-        _report(failed, fam, exc)
+        failed(fam.name, exc)
         return b""
 
 
-def render(families: Iterable[Metric], fmt: str, failed: Failed = None) -> Iterator[bytes]:
+def render(families: Iterable[Metric], fmt: str,
+           failed: Optional[Failed] = None) -> Iterator[bytes]:
     """The families in one format (TEXT, OPENMETRICS or PROTOBUF), as byte
     chunks to send in order, rendered as they are asked for: a consumer
     that compresses as it goes never holds the whole uncompressed body.
     A family whose rendering raises is left out and passed to
-    `failed(name, exception)` (logged without one)."""
+    `failed(name, exception)`, by default counted in failures.FAILURES."""
+    failed = failed or failures.FAILURES.record
     if fmt == PROTOBUF:
         for f in families:
             yield _proto(f, failed)
@@ -412,6 +403,16 @@ def samples_in(families: Iterable[Metric]) -> int:
         else:
             try:
                 n += len(fam.samples)
-            except Exception:  # noqa: BLE001 - left out of the exposition, as render did
+            except Exception:  # noqa: BLE001 - left out, and counted, by render()
                 pass
     return n
+
+
+def samples_or_none(fam: Metric):
+    """The family's samples; None, counted as a failed family, when reading
+    them raises (the family is left out, as render() leaves it out)."""
+    try:
+        return fam.samples
+    except Exception as exc:  # noqa: BLE001 - one family never fails the scrape
+        failures.FAILURES.record(fam.name, exc)
+        return None

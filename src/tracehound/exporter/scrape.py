@@ -8,20 +8,17 @@ shared families.
 """
 from __future__ import annotations
 
-import logging
 import threading
 import time
 import urllib.parse
 import zlib
 from typing import Iterable, Iterator, Optional
 
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+from prometheus_client.core import GaugeMetricFamily, Metric
 
 from ..host.memory import release_free_memory
 from . import exposition
 from .messages import Request, Response, gzip_accepted
-
-log = logging.getLogger(__name__)
 
 # zlib level 1: a scrape is compressed on its critical path, and on these
 # expositions level 6 buys a few percent smaller bodies for ~3x the time
@@ -53,17 +50,6 @@ class Scraper:
         self.collections = 0          # collections run (shared ones counted once)
         self.last_duration_s = 0.0
         self.last_samples = 0
-        # family -> renderings left out because they raised (exposition.render)
-        self.failed_families: dict[str, int] = {}
-        self._failed_lock = threading.Lock()
-
-    def _family_failed(self, name: str, exc: BaseException) -> None:
-        with self._failed_lock:
-            first = name not in self.failed_families
-            self.failed_families[name] = self.failed_families.get(name, 0) + 1
-        if first:
-            log.warning("family %s could not be rendered and is left out of /metrics: %r",
-                        name, exc)
 
     def families(self) -> tuple[list[Metric], bool]:
         """The registry's families now, and whether this caller collected
@@ -95,15 +81,7 @@ class Scraper:
         samples = GaugeMetricFamily("tracehound_scrape_samples",
                                     "Samples the agent's last completed /metrics served.")
         samples.add_metric([], self.last_samples)
-        failed = CounterMetricFamily(
-            "tracehound_exposition_families_failed",
-            "Times a family was left out of /metrics because rendering it raised "
-            "(the rest of the scrape was served).", labels=["family"])
-        with self._failed_lock:
-            for name, n in sorted(self.failed_families.items()):
-                failed.add_metric([name], n)
-        # no series to show until a family has failed
-        return [took, samples, failed] if failed.samples else [took, samples]
+        return [took, samples]
 
     def respond(self, request: Request) -> Response:
         """The exposition the request asks for. Compressed, it is made
@@ -114,7 +92,7 @@ class Scraper:
         families = families + self.own_families()
         names = urllib.parse.parse_qs(request.query).get("name[]")
         if names:
-            families = list(restrict(families, set(names), self._family_failed))
+            families = list(restrict(families, set(names)))
         fmt = exposition.choose(request.headers.get("Accept"))
         headers = [("Content-Type", exposition.CONTENT_TYPES[fmt]),
                    ("Vary", "Accept, Accept-Encoding")]
@@ -129,7 +107,7 @@ class Scraper:
 
     def _rendered(self, families, fmt, start, report, trim) -> Iterator[bytes]:
         try:
-            yield from exposition.render(families, fmt, self._family_failed)
+            yield from exposition.render(families, fmt)
             if report:
                 self.last_duration_s = time.perf_counter() - start
                 self.last_samples = exposition.samples_in(families)
@@ -140,17 +118,13 @@ class Scraper:
                 release_free_memory()
 
 
-def restrict(families: Iterable[Metric], names: set[str], failed=None):
+def restrict(families: Iterable[Metric], names: set[str]):
     """Only the samples named in `names` (as prometheus_client's
     `?name[]=` filter does: full sample names, e.g. x_total, x_bucket).
-    A family whose samples cannot be read is left out, passed to
-    `failed(name, exception)` as exposition.render does."""
+    A family whose samples cannot be read is left out (and counted)."""
     for fam in families:
-        try:
-            every = fam.samples      # a Rows family builds them on each access
-        except Exception as exc:  # noqa: BLE001 - one family never fails the scrape
-            if failed is not None:
-                failed(fam.name, exc)
+        every = exposition.samples_or_none(fam)   # a Rows family builds them on each access
+        if every is None:
             continue
         samples = [s for s in every if s.name in names]
         if not samples:
