@@ -249,3 +249,55 @@ def test_driver_xid_lines_round_trip(xid, domain, bus, device, function, pid, na
     # the driver's grammar is ASCII: only ASCII spaces around the name are its own
     name = name.strip(ASCII_SPACE)
     assert event.process == ((name or None) if name != "<unknown>" else None)
+
+
+# -- the agent's own exposition: any label value renders and reads back -------
+
+# anything a name read with surrogateescape, or built by hand, may hold:
+# lone surrogates, controls, the three escaped characters, line separators
+LABEL_VALUES = st.lists(st.one_of(
+    st.text(alphabet=st.characters(blacklist_categories=()), max_size=12),
+    st.sampled_from(["\r", "\n", "\\", '"', "\\n", "\x1b[2J", "\x00", "\x85", "\u2028", "}",
+                     ",", "=", " ", "\udcff", "\udc80", "\ud800", "\udfff", "\ufffd", "é"]),
+), max_size=8).map("".join)
+
+
+def _one_of_each_kind(value: str):
+    """The value in a Rows family (the collectors' fast path) and in a
+    prometheus_client family (every other collector)."""
+    from prometheus_client.core import GaugeMetricFamily
+
+    from tracehound.exporter.exposition import Blocks, ValueRows
+    rows = ValueRows("t_rows", "Rows.", "gauge", [Blocks(["v"]).get((value,))], [1])
+    plain = GaugeMetricFamily("t_plain", "Plain.", labels=["v"])
+    plain.add_metric([value], 2)
+    return [rows, plain]
+
+
+def _read_back(samples) -> dict:
+    return {s.name: s.labels.get("v", "") for s in samples}
+
+
+@settings(max_examples=150, derandomize=True, deadline=None, database=None,
+          suppress_health_check=[HealthCheck.too_slow])
+@given(LABEL_VALUES)
+def test_any_label_value_renders_to_utf8_that_parsers_read_back(value):
+    from prometheus_client.openmetrics.parser import text_string_to_metric_families as om
+    from prometheus_client.parser import text_string_to_metric_families as text
+
+    from tests.unit.test_protobuf import decode, label_dict
+    from tracehound.exporter import text_parse
+    from tracehound.exporter.exposition import OPENMETRICS, PROTOBUF, TEXT, render
+    from tracehound.exporter.utf8 import valid_utf8
+    want = valid_utf8(value)
+    want.encode("utf-8")                          # no surrogate is left
+    expected = {"t_rows": want, "t_plain": want}
+    fams = _one_of_each_kind(value)
+    plain = b"".join(render(fams, TEXT)).decode("utf-8")
+    assert _read_back(s for f in text(plain) for s in f.samples) == expected
+    assert {n: labels.get("v", "") for n, labels, _ in text_parse.parse(plain).samples} \
+        == expected
+    openmetrics = b"".join(render(fams, OPENMETRICS)).decode("utf-8")
+    assert _read_back(s for f in om(openmetrics) for s in f.samples) == expected
+    messages = decode(b"".join(render(fams, PROTOBUF)))
+    assert {m.name: label_dict(m.metric[0]).get("v", "") for m in messages} == expected

@@ -65,7 +65,10 @@ class CgroupWatcher:
     def _add_watch(self, path: str) -> bool:
         if self._full:
             return False
-        wd = _libc.inotify_add_watch(self.fd, path.encode(), IN_CREATE | IN_DELETE | IN_ONLYDIR)
+        # the name's own bytes: a cgroup named with bytes that are not UTF-8 is
+        # kept as surrogates (surrogateescape) and must reach the kernel as it is
+        wd = _libc.inotify_add_watch(self.fd, os.fsencode(path),
+                                     IN_CREATE | IN_DELETE | IN_ONLYDIR)
         if wd < 0:
             err = ctypes.get_errno()
             if err == errno.ENOSPC:

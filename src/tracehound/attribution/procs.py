@@ -42,7 +42,8 @@ def walk_pids(cgroup_dir: str, limit: int = 256) -> Iterator[int]:
 def read_text(path: str) -> str | None:
     try:
         with open(path, "rb") as f:
-            return f.read().decode("utf-8", "replace")
+            # a cgroup path keeps the bytes of its name, to be opened again
+            return f.read().decode("utf-8", "surrogateescape")
     except OSError:
         return None
 
@@ -55,16 +56,22 @@ def parse_proc_cgroup(text: str) -> dict[str, str]:
     hierarchy (``name=systemd``) is returned under its full name.
     """
     paths: dict[str, str] = {}
-    for line in text.splitlines():
+    twice: set[str] = set()
+    # The kernel writes each path raw: lines end at "\n" only ("\r" and the
+    # like are part of a cgroup's name), and a cgroup named with a "\n"
+    # and a line of its own must not pass for a membership: a hierarchy
+    # named twice is not answered at all.
+    for line in text.split("\n"):
         parts = line.split(":", 2)
         if len(parts) != 3:
             continue
         _hier, controllers, path = parts
-        if not controllers:
-            paths[""] = path
-            continue
-        for ctl in controllers.split(","):
+        for ctl in controllers.split(",") if controllers else [""]:
+            if ctl in paths:
+                twice.add(ctl)
             paths[ctl] = path
+    for ctl in twice:
+        del paths[ctl]
     return paths
 
 
@@ -77,4 +84,5 @@ def cgroup_v2_path(pid: int, proc_root: str = "/proc") -> str | None:
     """The process's cgroup v2 path (its ``0::`` line); None when the
     process is gone or sits in no v2 hierarchy."""
     path = proc_cgroups(pid, proc_root).get("")
-    return None if path is None else (path.strip() or "/")
+    # not stripped: a name may end in a space or "\r", and is then another cgroup
+    return None if path is None else (path or "/")

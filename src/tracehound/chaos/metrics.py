@@ -7,8 +7,7 @@ import re
 import urllib.request
 from dataclasses import dataclass
 
-from prometheus_client.parser import text_string_to_metric_families
-
+from ..exporter import text_parse
 from ..fleet import prometheus
 
 DEFAULT_AGENT_URL = "http://127.0.0.1:9560/metrics"
@@ -84,10 +83,11 @@ def fetch(url: str, timeout: float) -> str:
 
 
 def parse_samples(text: str) -> dict[str, list[tuple[dict, float]]]:
+    """The agent's exposition (exporter/text_parse.py: the one parser of it)
+    as sample name -> [(labels, value)]."""
     out: dict[str, list[tuple[dict, float]]] = {}
-    for family in text_string_to_metric_families(text):
-        for s in family.samples:
-            out.setdefault(s.name, []).append((s.labels, s.value))
+    for name, labels, value in text_parse.parse(text).samples:
+        out.setdefault(name, []).append((labels, value))
     return out
 
 

@@ -15,6 +15,8 @@ import threading
 import urllib.parse
 from collections import deque
 
+from .utf8 import valid_json
+
 EVENTS_LOGGER = "tracehound.events"
 DEFAULT_CAPACITY = 4096
 
@@ -46,7 +48,9 @@ class EventLog(logging.Handler):
             return
         with self._guard:
             self._seq += 1
-            self._ring.append({**event, "seq": self._seq})
+            # a path or a process name read with surrogateescape: the JSON
+            # served is UTF-8, its undecodable bytes shown as U+FFFD
+            self._ring.append({**valid_json(event), "seq": self._seq})
 
     def since(self, seq: int) -> dict:
         with self._guard:

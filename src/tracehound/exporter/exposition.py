@@ -15,20 +15,24 @@ other consumer see ordinary samples, and the fast rendering can be checked
 against the library's.
 
 Empty label values are left out (Prometheus treats an empty label as
-absent, so no query changes).
+absent, so no query changes). Every label value and help text is valid
+UTF-8 (utf8.py), and a family whose rendering raises anyway is left out of
+that scrape and reported to the caller: one family never cuts the others
+short, nor fails the scrape.
 """
 from __future__ import annotations
 
 import math
 from itertools import accumulate
-from typing import Iterable, Iterator, Sequence
+from typing import Callable, Iterable, Iterator, Optional, Sequence
 
 from prometheus_client import exposition as text_exposition
 from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
                                     HistogramMetricFamily, Metric)
 from prometheus_client.openmetrics import exposition as om_exposition
 
-from . import protobuf
+from . import failures, protobuf
+from .utf8 import valid_utf8
 
 TEXT, OPENMETRICS, PROTOBUF = "text", "openmetrics", "protobuf"
 # histogram rows joined per chunk: a few MB, so a large exposition is never
@@ -41,10 +45,6 @@ CONTENT_TYPES = {
     OPENMETRICS: "application/openmetrics-text; version=1.0.0; charset=utf-8",
     PROTOBUF: protobuf.CONTENT_TYPE,
 }
-
-
-def _valid_utf8(text: str) -> str:
-    return text.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
 
 
 def _escape_value(value: str) -> str:
@@ -67,7 +67,7 @@ class Block:
         self.names = names
         # an exposition is UTF-8: a path that is not (kept as surrogates
         # when read) shows its undecodable bytes as U+FFFD
-        self.values = values = tuple(v if v.isascii() else _valid_utf8(v) for v in values)
+        self.values = values = tuple(v if v.isascii() else valid_utf8(v) for v in values)
         inner = ",".join(f'{n}="{_escape_value(v)}"' for n, v in zip(names, values) if v)
         inner = inner.encode()
         self.braced = b"{" + inner + b"}" if inner else b""
@@ -288,44 +288,93 @@ class _Families:
         return self.families
 
 
-def without_empty_labels(fam: Metric) -> Metric:
-    """The family with empty label values left out of its samples (a copy,
-    only where there are any)."""
-    if not any("" in s.labels.values() for s in fam.samples):
+def shown(fam: Metric) -> Metric:
+    """The family as it is exposed: empty label values left out, every label
+    value and the help valid UTF-8 (a copy, only where anything changes)."""
+    def needs_care(labels: dict) -> bool:
+        values = labels.values()
+        return "" in values or not "".join(values).isascii()
+
+    doc = fam.documentation
+    if doc.isascii() and not any(needs_care(s.labels) for s in fam.samples):
         return fam
-    out = Metric(fam.name, fam.documentation, fam.type, fam.unit)
-    out.samples = [s._replace(labels={k: v for k, v in s.labels.items() if v})
-                   for s in fam.samples]
+    out = Metric(fam.name, valid_utf8(doc), fam.type, fam.unit)
+    out.samples = [s._replace(labels={k: valid_utf8(v) for k, v in s.labels.items() if v})
+                   if needs_care(s.labels) else s for s in fam.samples]
     return out
 
 
 def _library_text(families: list, openmetrics: bool) -> bytes:
-    if not families:
-        return b""
-    families = [without_empty_labels(f) for f in families]
     if openmetrics:
         return om_exposition.generate_latest(_Families(families)).removesuffix(b"# EOF\n")
     return text_exposition.generate_latest(_Families(families))
 
 
-def render(families: Iterable[Metric], fmt: str) -> Iterator[bytes]:
+Failed = Callable[[str, BaseException], None]
+
+
+def _plain_text(families: list, openmetrics: bool, failed: Failed) -> bytes:
+    """prometheus_client's rendering of a run of families, each made safe to
+    show; one that still fails is left out and reported."""
+    if not families:
+        return b""
+    safe = []
+    for fam in families:
+        try:
+            safe.append(shown(fam))
+        except Exception as exc:  # noqa: BLE001 - one family never fails the scrape
+            failed(fam.name, exc)
+    try:
+        return _library_text(safe, openmetrics)
+    except Exception:  # noqa: BLE001 - find the family at fault, keep the rest
+        out = []
+        for fam in safe:
+            try:
+                out.append(_library_text([fam], openmetrics))
+            except Exception as exc:  # noqa: BLE001
+                failed(fam.name, exc)
+        return b"".join(out)
+
+
+def _rows_text(fam: Rows, openmetrics: bool, failed: Failed) -> Iterator[bytes]:
+    """A Rows family's chunks. Each chunk is whole lines, so a rendering
+    that raises half-way leaves a shorter family, never a broken line."""
+    try:
+        yield from fam.text(openmetrics)
+    except Exception as exc:  # noqa: BLE001
+        failed(fam.name, exc)
+
+
+def _proto(fam: Metric, failed: Failed) -> bytes:
+    try:
+        return fam.proto() if isinstance(fam, Rows) else protobuf.from_metric(shown(fam))
+    except Exception as exc:  # noqa: BLE001 - one message is one family: all or nothing
+        failed(fam.name, exc)
+        return b""
+
+
+def render(families: Iterable[Metric], fmt: str,
+           failed: Optional[Failed] = None) -> Iterator[bytes]:
     """The families in one format (TEXT, OPENMETRICS or PROTOBUF), as byte
     chunks to send in order, rendered as they are asked for: a consumer
-    that compresses as it goes never holds the whole uncompressed body."""
+    that compresses as it goes never holds the whole uncompressed body.
+    A family whose rendering raises is left out and passed to
+    `failed(name, exception)`, by default counted in failures.FAILURES."""
+    failed = failed or failures.FAILURES.record
     if fmt == PROTOBUF:
         for f in families:
-            yield f.proto() if isinstance(f, Rows) else protobuf.from_metric(f)
+            yield _proto(f, failed)
         return
     openmetrics = fmt == OPENMETRICS
     plain: list[Metric] = []
     for fam in families:
         if isinstance(fam, Rows):
-            yield _library_text(plain, openmetrics)
+            yield _plain_text(plain, openmetrics, failed)
             plain = []
-            yield from fam.text(openmetrics)
+            yield from _rows_text(fam, openmetrics, failed)
         else:
             plain.append(fam)
-    yield _library_text(plain, openmetrics)
+    yield _plain_text(plain, openmetrics, failed)
     if openmetrics:
         yield b"# EOF\n"
 
@@ -352,5 +401,18 @@ def samples_in(families: Iterable[Metric]) -> int:
         elif isinstance(fam, Rows):
             n += len(fam)
         else:
-            n += len(fam.samples)
+            try:
+                n += len(fam.samples)
+            except Exception:  # noqa: BLE001 - left out, and counted, by render()
+                pass
     return n
+
+
+def samples_or_none(fam: Metric):
+    """The family's samples; None, counted as a failed family, when reading
+    them raises (the family is left out, as render() leaves it out)."""
+    try:
+        return fam.samples
+    except Exception as exc:  # noqa: BLE001 - one family never fails the scrape
+        failures.FAILURES.record(fam.name, exc)
+        return None

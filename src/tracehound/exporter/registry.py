@@ -17,6 +17,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
 
 from .. import __version__
+from . import failures
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +51,8 @@ class IsolatedCollector:
 class CollectorHealth:
     """tracehound_collector_{success,duration_seconds}{collector}: the last
     run of each isolated collector (registered after them, so that is the
-    current scrape's)."""
+    current scrape's); and the families left out of earlier scrapes
+    (failures.py)."""
 
     name = "collector_health"
 
@@ -68,6 +70,9 @@ class CollectorHealth:
             took.add_metric([c.name], c.duration_s)
         yield ok
         yield took
+        failed = failures.FAILURES.family()
+        if failed is not None:
+            yield failed
 
 
 class AgentInfo:

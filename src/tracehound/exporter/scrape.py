@@ -120,9 +120,12 @@ class Scraper:
 
 def restrict(families: Iterable[Metric], names: set[str]):
     """Only the samples named in `names` (as prometheus_client's
-    `?name[]=` filter does: full sample names, e.g. x_total, x_bucket)."""
+    `?name[]=` filter does: full sample names, e.g. x_total, x_bucket).
+    A family whose samples cannot be read is left out (and counted)."""
     for fam in families:
-        every = fam.samples          # a Rows family builds them on each access
+        every = exposition.samples_or_none(fam)   # a Rows family builds them on each access
+        if every is None:
+            continue
         samples = [s for s in every if s.name in names]
         if not samples:
             continue

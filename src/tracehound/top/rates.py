@@ -11,6 +11,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from ..exporter import text_parse
 from .model import RATES, TOTALS, Snapshot, add_to_rows, estimate_quantile, io_row_for
 from .panels import gpu_rows, rdma_error_rows, rdma_object_rows
 
@@ -42,16 +43,8 @@ class Scrape:
         return [(dict(k), v) for k, v in self.series(name).items()]
 
 
-# name, the text between the braces (label values may hold "}"), value
-_SAMPLE = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(?:\{(.*)\})?\s+(\S+)")
-_LABEL = re.compile(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"')
-_ESCAPES = {"\\\\": "\\", '\\"': '"', "\\n": "\n"}
 WANTED = ("tracehound_io_", "tracehound_rdma_", "tracehound_gpu_")
 UNUSED = ("tracehound_io_fsync_latency",)
-
-
-def _unescape(value: str) -> str:
-    return re.sub(r"\\.", lambda m: _ESCAPES.get(m.group(0), m.group(0)), value)
 
 
 def parse_metrics(text: str, taken_at: float) -> Scrape:
@@ -59,26 +52,15 @@ def parse_metrics(text: str, taken_at: float) -> Scrape:
 
     An agent on a busy node exports thousands of label sets and a refresh
     must stay well under a second, so lines of other metrics are dropped
-    before any parsing."""
+    before any parsing (exporter/text_parse.py)."""
     scrape = Scrape(taken_at)
-    for line in text.splitlines():
-        if not line.startswith(WANTED) or line.startswith(UNUSED):
-            if line.startswith("# TYPE "):
-                parts = line.split()
-                if len(parts) >= 4:
-                    scrape.families.add(parts[2])
-                    if parts[3] == "counter" and parts[2].endswith("_total"):
-                        scrape.families.add(parts[2][:-len("_total")])
-            continue
-        m = _SAMPLE.match(line)
-        if m is None:
-            raise ValueError(f"unparsable line: {line[:120]!r}")
-        name, body, value = m.groups()
-        labels = {}
-        if body:
-            for k, v in _LABEL.findall(body):
-                labels[k] = _unescape(v) if "\\" in v else v
-        scrape.samples.setdefault(name, {})[_key(labels)] = float(value)
+    parsed = text_parse.parse(text, keep=WANTED, skip=UNUSED)
+    for name, typ in parsed.types.items():
+        scrape.families.add(name)
+        if typ == "counter" and name.endswith("_total"):
+            scrape.families.add(name[:-len("_total")])
+    for name, labels, value in parsed.samples:
+        scrape.samples.setdefault(name, {})[_key(labels)] = value
     return scrape
 
 

@@ -1,4 +1,11 @@
-"""rich renderables for a Snapshot: the I/O table and the RDMA / GPU panels."""
+"""rich renderables for a Snapshot: the I/O table and the RDMA / GPU panels.
+
+Every name shown (cgroup, workload, mount point, device, process) is chosen
+by someone on the node: it goes into a cell as plain Text, never as rich
+markup ("[bold]" or "[/x]" in a name is shown, not applied or raised), and
+with its control characters written as escapes, so a name cannot move the
+cursor, clear the screen or send the terminal an escape sequence.
+"""
 from __future__ import annotations
 
 from typing import Optional
@@ -17,6 +24,16 @@ IO_COLUMNS = (
     ("READ/s", "read", True), ("WRITE/s", "write", True), ("IOPS", "iops", True),
     ("p50", None, True), ("p99", "p99", True), ("ERR/s", "errors", True),
 )
+
+
+def shown(text: str) -> Text:
+    """A name as plain Text, each character that would not print (controls,
+    format characters, line and paragraph separators, surrogates) as its
+    Python escape: "\\r", "\\x1b", "\\u202e"."""
+    if not text.isprintable():
+        text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                       for c in text)
+    return Text(text)
 
 
 def fmt_bytes(value: float) -> str:
@@ -61,7 +78,7 @@ def io_table(rows: list, state: ViewState) -> Table:
         table.add_column(header, justify="right" if right else "left", no_wrap=True,
                          overflow="ellipsis")
     for r in rows:
-        table.add_row(r.name, r.kind, f"{r.mountpoint} ({r.fstype})",
+        table.add_row(shown(r.name), shown(r.kind), shown(f"{r.mountpoint} ({r.fstype})"),
                       fmt_bytes(r.read_bytes_per_second), fmt_bytes(r.write_bytes_per_second),
                       fmt_count(r.ops_per_second), fmt_seconds(r.latency_p50_seconds),
                       fmt_seconds(r.latency_p99_seconds), fmt_count(r.errors_per_second))
@@ -88,9 +105,10 @@ def _titled_table(title: str, rows: Optional[list], headers: tuple, cells):
 def rdma_panel(objects: Optional[list], errors: Optional[list]):
     return Group(
         _titled_table("RDMA objects", objects, ("CGROUP", "DEVICE", "TYPE", "OBJECTS"),
-                      lambda r: (r.cgroup, r.device, r.type, fmt_count(r.count))),
+                      lambda r: (shown(r.cgroup), shown(r.device), shown(r.type),
+                                 fmt_count(r.count))),
         _titled_table("RDMA verb errors", errors, ("OP", "ERRNO", "ERR/s", "TOTAL"),
-                      lambda r: (r.op, r.errno, fmt_count(r.errors_per_second),
+                      lambda r: (shown(r.op), shown(r.errno), fmt_count(r.errors_per_second),
                                  fmt_count(r.errors_total))))
 
 
@@ -107,11 +125,13 @@ def gpu_panel(gpus: Optional[list]):
         temp = "-" if g.temperature_celsius is None else f"{g.temperature_celsius:.0f}°C"
         mem = "-" if g.memory_temperature_celsius is None \
             else f"{g.memory_temperature_celsius:.0f}°C"
-        xids = ", ".join(f"{x}×{n:.0f}" for x, n in sorted(g.xids.items()) if n) or "0"
-        throttle = Text(", ".join(g.throttle_reasons) or "-",
-                        style="bold red" if _slowdown(g.throttle_reasons) else "")
-        cells = [g.gpu, g.model, temp, mem, throttle, xids, fmt_count(g.xid_errors_per_second)]
-        t.add_row(*([g.node] if with_nodes else []), *cells)
+        xids = shown(", ".join(f"{x}×{n:.0f}" for x, n in sorted(g.xids.items()) if n) or "0")
+        throttle = shown(", ".join(g.throttle_reasons) or "-")
+        if _slowdown(g.throttle_reasons):
+            throttle.stylize("bold red")
+        cells = [shown(g.gpu), shown(g.model), temp, mem, throttle, xids,
+                 fmt_count(g.xid_errors_per_second)]
+        t.add_row(*([shown(g.node)] if with_nodes else []), *cells)
     return t
 
 
@@ -148,7 +168,8 @@ def screen(state: ViewState, snap: Optional[Snapshot], source: str, every: float
     help off the bottom are counted instead of drawn."""
     parts = [header(state, snap, source, every)]
     if state.error:
-        parts.append(Text(state.error, style="bold red"))
+        parts.append(shown(state.error))
+        parts[-1].stylize("bold red")
     if snap is None:
         parts.append(Text("collecting: rates need two scrapes…", style="dim"))
     elif state.panel == "io":
