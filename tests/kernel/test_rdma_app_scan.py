@@ -3,9 +3,10 @@ container user controls. A real process pivots into a root of its own in a
 new mount namespace (as a container does), maps a library there and drops to
 uid 65534; the test then does what that user could: replace the path by a
 FIFO, by an absolute symlink to a host file, by another library, or map a
-crafted ELF. The probe's own scan (rdma_app_scan.py, uprobes attached for
-real once, recorded in the other cases) must answer, refuse that file naming why, and still attach to the
-system's libibverbs and to a genuine container copy."""
+crafted ELF. The probe's own scan (rdma_app_scan.py; uprobes attached for
+real once, recorded in the other cases) must answer, refuse that file
+naming why, and still attach to the system's libibverbs and to a genuine
+container copy."""
 import json
 import os
 import select
@@ -145,7 +146,8 @@ def test_a_path_replaced_by_a_fifo_is_refused_without_blocking(container, scan):
     assert "not a regular file (a FIFO)" in refusal_of(scan(), c)
 
 
-def test_an_absolute_symlink_in_the_container_is_not_followed_to_the_host(container, tmp_path, scan):
+def test_an_absolute_symlink_in_the_container_is_not_followed_to_the_host(container, tmp_path,
+                                                                         scan):
     c = container()
     host_file = shutil.copyfile(SYSTEM, tmp_path / "libibverbs.so.1")   # a readable host file
     os.unlink(c.host_path)
@@ -153,7 +155,8 @@ def test_an_absolute_symlink_in_the_container_is_not_followed_to_the_host(contai
     assert "a symbolic link, not followed" in refusal_of(scan(), c)
 
 
-def test_an_absolute_directory_symlink_resolves_inside_the_container(container, root, tmp_path, scan):
+def test_an_absolute_directory_symlink_resolves_inside_the_container(container, root, tmp_path,
+                                                                    scan):
     c = container()
     # the host has <tmp_path>/x86_64-linux-gnu/libibverbs.so.1; the container
     # points its library directory there, absolutely: inside its root, no such file

@@ -222,9 +222,10 @@ def test_the_number_of_libraries_is_bounded(root, monkeypatch):
     monkeypatch.setattr(rdma_app, "MAX_LIBRARIES", 1)
     shutil.copyfile(REAL, root / "lib" / "libibverbs.so.2")
     app = Attachments()
-    app.attach(Obj(), {candidate(root, "/lib/libibverbs.so.1"), candidate(root, "/lib/libibverbs.so.2")})
+    app.attach(Obj(), {candidate(root, f"/lib/libibverbs.so.{i}") for i in (1, 2)})
     assert len(app.libraries) == 1
-    assert list(app.refused.values()) == [f"{root}/lib/libibverbs.so.2: already attached to 1 files"]
+    assert list(app.refused.values()) == [
+        f"{root}/lib/libibverbs.so.2: already attached to 1 files"]
 
 
 def test_maps_lines_name_the_inode_mapped(tmp_path):
@@ -237,7 +238,8 @@ def test_maps_lines_name_the_inode_mapped(tmp_path):
         b"7f50-7f60 r--p 00000000 fd:01 99 /usr/lib/libc.so.6\n")
     found = sorted(rdma_app.mapped_by(42, str(tmp_path)), key=lambda c: c.ino)
     assert [(c.path, c.dev, c.ino, c.mapped_as) for c in found] == [
-        (b"/odd \xff dir/libibverbs.so.1", os.makedev(0, 0x2a), 77, f"{tmp_path}/42/map_files/7f30-7f40"),
+        (b"/odd \xff dir/libibverbs.so.1", os.makedev(0, 0x2a), 77,
+         f"{tmp_path}/42/map_files/7f30-7f40"),
         (b"/usr/lib/libibverbs.so.1.14.44.0", os.makedev(0xfd, 1), 1234,
          f"{tmp_path}/42/map_files/7f00-7f10")]
     assert found[0].name == f"{tmp_path}/42/root/odd \ufffd dir/libibverbs.so.1"

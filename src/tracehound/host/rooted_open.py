@@ -93,8 +93,9 @@ def open_regular(root: str, path: bytes) -> int:
 
 
 def _kind(mode: int) -> str:
-    for test, name in ((stat.S_ISLNK, "a symbolic link, not followed"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISCHR, "a character device"),
-                       (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"),
+    for test, name in ((stat.S_ISLNK, "a symbolic link, not followed"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket"),
                        (stat.S_ISDIR, "a directory")):
         if test(mode):
             return name

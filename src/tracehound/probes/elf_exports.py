@@ -101,7 +101,8 @@ def _offsets(data: bytes, wanted: dict[bytes, str], limits: ElfLimits, budget: _
         name = wanted.get(data[name_at:name_end]) if name_at < end and name_end >= 0 else None
         if name is None:
             continue
-        ndx = struct_parse(structs.Elf_Versym, stream, versym["sh_offset"] + i * _VERSYM_SIZE)["ndx"]
+        ndx = struct_parse(structs.Elf_Versym, stream,
+                           versym["sh_offset"] + i * _VERSYM_SIZE)["ndx"]
         if isinstance(ndx, int) and ndx & _HIDDEN:
             continue
         addr = sym["st_value"]

@@ -212,7 +212,8 @@ class Attachments:
         self.refusals = 0
         self.since_ns = 0            # CLOCK_MONOTONIC of the first attach
 
-    def attach(self, obj, found, budget_s: float = SCAN_BUDGET_S, clock=time.monotonic) -> list[str]:
+    def attach(self, obj, found, budget_s: float = SCAN_BUDGET_S,
+               clock=time.monotonic) -> list[str]:
         """Attach `obj`'s up_/ur_ programs to each new library of `found`
         (Candidates), for at most `budget_s`; returns the names attached now."""
         added = []
