@@ -17,6 +17,8 @@ import tempfile
 
 import pytest
 
+from tracehound.probes import rdma_app
+
 from tests import crafted_elf
 from tests.kernel.conftest import require_tools
 
@@ -181,3 +183,33 @@ def test_a_version_section_of_the_wrong_type_is_refused(container, scan):
 def test_a_dynamic_symbol_table_of_ten_million_entries_is_refused(container, scan):
     c = container(crafted_elf.ten_million_symbols)
     assert "is larger than" in refusal_of(scan(), c)
+
+
+@pytest.fixture
+def overlay(tmp_path):
+    for d in ("lower", "upper", "work", "merged"):
+        (tmp_path / d).mkdir()
+    shutil.copyfile(SYSTEM, tmp_path / "lower" / "libibverbs.so.1")
+    merged = str(tmp_path / "merged")
+    subprocess.run(["mount", "-t", "overlay", "overlay", "-o",
+                    f"lowerdir={tmp_path}/lower,upperdir={tmp_path}/upper,workdir={tmp_path}/work",
+                    merged], check=True)
+    yield tmp_path
+    subprocess.run(["umount", merged], check=True)
+
+
+def test_an_overlay_file_shown_by_its_lower_inode_is_the_mapped_file(overlay):
+    """Before Linux 6.8 maps named an overlay file's lower inode; the file
+    map_files names decides then, and only on overlayfs."""
+    lower = os.stat(overlay / "lower" / "libibverbs.so.1")
+    merged = str(overlay / "merged" / "libibverbs.so.1")
+    seen = rdma_app.Candidate(str(overlay / "merged"), b"/libibverbs.so.1", lower.st_dev,
+                              lower.st_ino, mapped_as=merged)
+    fd, st = rdma_app.open_library(seen)
+    os.close(fd)
+    assert (st.st_dev, st.st_ino) == (os.stat(merged).st_dev, os.stat(merged).st_ino)
+    elsewhere = str(overlay / "lower" / "libibverbs.so.1")      # not an overlay file
+    with pytest.raises(rdma_app.LibraryError, match="not the file the process maps"):
+        rdma_app.open_library(rdma_app.Candidate(str(overlay / "lower"), b"/libibverbs.so.1",
+                                                 lower.st_dev, lower.st_ino + 1,
+                                                 mapped_as=elsewhere))

@@ -26,6 +26,7 @@ PATH_FLAGS = os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC
 READ_FLAGS = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC
 # a user's own daemon answers reads of these: one that never answers would stop the reader
 USER_SERVED_FS = {0x65735546: "FUSE"}
+OVERLAYFS = 0x794C7630
 
 
 class RootedOpenError(Exception):
@@ -53,7 +54,8 @@ def _openat2(dirfd: int, path: bytes, flags: int, resolve: int) -> int:
     return fd
 
 
-def _fs_type(fd: int) -> int:
+def fs_type(fd: int) -> int:
+    """The file system magic number (statfs f_type) of descriptor `fd`."""
     buf = ctypes.create_string_buffer(128)   # struct statfs is 120 bytes; f_type comes first
     if _libc.fstatfs(fd, buf) != 0:
         err = ctypes.get_errno()
@@ -81,7 +83,7 @@ def open_regular(root: str, path: bytes) -> int:
         st = os.fstat(path_fd)
         if not stat.S_ISREG(st.st_mode):
             raise RootedOpenError(f"not a regular file ({_kind(st.st_mode)})")
-        served = USER_SERVED_FS.get(_fs_type(path_fd))
+        served = USER_SERVED_FS.get(fs_type(path_fd))
         if served:
             raise RootedOpenError(f"on a {served} file system, which a user's process answers")
         fd = os.open(f"/proc/self/fd/{path_fd}", READ_FLAGS)

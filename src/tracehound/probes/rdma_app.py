@@ -27,7 +27,7 @@ import time
 from dataclasses import dataclass
 
 from ..errors import TracehoundError
-from ..host.rooted_open import RootedOpenError, open_regular
+from ..host.rooted_open import OVERLAYFS, RootedOpenError, fs_type, open_regular
 from .elf_exports import LIMITS as ELF_LIMITS, ElfRefused, default_function_offsets
 
 log = logging.getLogger(__name__)
@@ -100,7 +100,7 @@ def open_library(cand: Candidate) -> tuple[int, os.stat_result]:
         raise LibraryError(f"cannot open {cand.name}: {exc}") from None
     try:
         st = os.fstat(fd)
-        if cand.ino is not None and not _maps_this(st, cand):
+        if cand.ino is not None and not _maps_this(fd, st, cand):
             raise LibraryError(f"{cand.name} is not the file the process maps (replaced since)")
         if st.st_size > ELF_LIMITS.max_file_bytes:
             raise LibraryError(f"{cand.name} is larger than {ELF_LIMITS.max_file_bytes} bytes")
@@ -110,16 +110,19 @@ def open_library(cand: Candidate) -> tuple[int, os.stat_result]:
     return fd, st
 
 
-def _maps_this(st: os.stat_result, cand: Candidate) -> bool:
+def _maps_this(fd: int, st: os.stat_result, cand: Candidate) -> bool:
     if (st.st_dev, st.st_ino) == (cand.dev, cand.ino):
         return True
-    # a stacked file system (overlayfs before Linux 6.8) shows the inode
-    # underneath in maps: the mapped file itself, named by map_files, decides
+    # overlayfs before Linux 6.8 shows the inode underneath in maps: the
+    # mapped file itself, named by map_files, decides. Only there: the
+    # mapped file may be anywhere, a FUSE file whose daemon never answers too
+    if not cand.mapped_as or fs_type(fd) != OVERLAYFS:
+        return False
     try:
-        mapped = os.stat(cand.mapped_as) if cand.mapped_as else None
+        mapped = os.stat(cand.mapped_as)
     except OSError:
         return False
-    return mapped is not None and (st.st_dev, st.st_ino) == (mapped.st_dev, mapped.st_ino)
+    return (st.st_dev, st.st_ino) == (mapped.st_dev, mapped.st_ino)
 
 
 def read_whole(fd: int, most: int) -> bytes:
