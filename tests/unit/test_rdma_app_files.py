@@ -142,12 +142,17 @@ def test_what_is_not_a_regular_file_is_refused_unopened(root, make, why):
         open_regular(str(root), b"/lib/other.so.1")
 
 
-def test_a_kernel_without_openat2_is_a_refusal(root, monkeypatch):
+def test_a_kernel_without_openat2_refuses_other_roots_only(root, monkeypatch):
     def enosys(*_):
         raise OSError(errno.ENOSYS, os.strerror(errno.ENOSYS))
     monkeypatch.setattr(rooted_open, "_openat2", enosys)
     with pytest.raises(RootedOpenError, match="no openat2"):
         open_regular(str(root), b"/lib/libibverbs.so.1")
+    # the host's own library is still opened (its root is this process's), as a regular file only
+    os.close(open_regular("/", os.fsencode(REAL)))
+    os.mkfifo(root / "fifo")
+    with pytest.raises(RootedOpenError, match="a FIFO"):
+        open_regular("/", os.fsencode(root / "fifo"))
 
 
 # -- attachments: one file refused, the others attached ----------------------

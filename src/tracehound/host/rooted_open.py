@@ -73,10 +73,16 @@ def open_regular(root: str, path: bytes) -> int:
     try:
         path_fd = _openat2(root_fd, path, PATH_FLAGS, RESOLVE_IN_ROOT | RESOLVE_NO_MAGICLINKS)
     except OSError as exc:
-        if exc.errno == errno.ENOSYS:
+        if exc.errno != errno.ENOSYS:
+            raise RootedOpenError(exc.strerror) from None
+        if root != "/":
             raise RootedOpenError("the kernel has no openat2 (Linux 5.6+): files inside another "
                                   "root are not opened") from None
-        raise RootedOpenError(exc.strerror) from None
+        # this host's own root: its directories are root's, a plain open resolves as well
+        try:
+            path_fd = os.open(path, PATH_FLAGS)
+        except OSError as exc2:
+            raise RootedOpenError(exc2.strerror) from None
     finally:
         os.close(root_fd)
     try:
