@@ -7,6 +7,7 @@ crafted ELF. The probe's own scan (rdma_app_scan.py; uprobes attached for
 real once, recorded in the other cases) must answer, refuse that file
 naming why, and still attach to the system's libibverbs and to a genuine
 container copy."""
+import ctypes
 import json
 import os
 import select
@@ -166,6 +167,32 @@ def test_an_absolute_directory_symlink_resolves_inside_the_container(container, 
     shutil.rmtree(os.path.join(root, "usr/lib"))
     os.symlink(tmp_path, os.path.join(root, "usr/lib"))
     assert "No such file or directory" in refusal_of(scan(), c)
+
+
+@pytest.fixture
+def silent_fuse(root):
+    """A FUSE file system nobody serves, at <root>/fuse: a lookup in it waits
+    until the connection is aborted (here, when its device is closed)."""
+    mnt = os.path.join(root, "fuse")
+    os.mkdir(mnt)
+    dev = os.open("/dev/fuse", os.O_RDWR | os.O_CLOEXEC)
+    libc = ctypes.CDLL(None, use_errno=True)
+    options = f"fd={dev},rootmode=40000,user_id=0,group_id=0".encode()
+    if libc.mount(b"silent", mnt.encode(), b"fuse", 0, options) != 0:
+        os.close(dev)
+        pytest.fail(f"cannot mount FUSE: {os.strerror(ctypes.get_errno())}")
+    yield mnt
+    os.close(dev)
+    libc.umount2(mnt.encode(), 2)
+
+
+def test_a_path_into_a_file_system_that_never_answers_is_refused(silent_fuse, container, root,
+                                                                  scan):
+    c = container()
+    # the library directory becomes a link into the FUSE mount, inside the root
+    shutil.rmtree(os.path.join(root, "usr/lib"))
+    os.symlink("/fuse", os.path.join(root, "usr/lib"))
+    assert "its file system does not answer" in refusal_of(scan(), c)
 
 
 def test_a_path_swapped_for_another_library_is_refused(container, scan):

@@ -8,6 +8,7 @@ import errno
 import os
 import shutil
 import struct
+import threading
 
 import pytest
 from elftools.elf.elffile import ELFFile
@@ -248,3 +249,35 @@ def test_maps_lines_name_the_inode_mapped(tmp_path):
         (b"/usr/lib/libibverbs.so.1.14.44.0", os.makedev(0xfd, 1), 1234,
          f"{tmp_path}/42/map_files/7f00-7f10")]
     assert found[0].name == f"{tmp_path}/42/root/odd \ufffd dir/libibverbs.so.1"
+
+
+def test_an_open_that_does_not_return_is_left_behind_and_holds_back_only_other_opens(root,
+                                                                                    monkeypatch):
+    release, opened = threading.Event(), []
+    real_open = rdma_app.open_library
+
+    def hanging(cand):
+        if cand.path == b"/lib/hangs.so.1":
+            release.wait(60)             # as a lookup a FUSE daemon never answers
+        fd, st = real_open(cand)
+        opened.append(fd)
+        return fd, st
+
+    shutil.copyfile(REAL, root / "lib" / "hangs.so.1")
+    monkeypatch.setattr(rdma_app, "open_library", hanging)
+    monkeypatch.setattr(rdma_app, "OPEN_TIMEOUT_S", 0.2)
+    app = Attachments()
+    hangs, good = candidate(root, "/lib/hangs.so.1"), candidate(root, "/lib/libibverbs.so.1")
+    assert app.attach(Obj(), {hangs, good}) == []
+    assert app.refused == {
+        hangs: f"{hangs.name}: not opened within 0.2 s (its file system does not answer)",
+        good: f"{good.name}: not opened while the open of {hangs.name} has not returned"}
+    release.set()
+    for thread in threading.enumerate():
+        if thread.name == "rdma-app-open":
+            thread.join(30)
+            assert not thread.is_alive(), "the abandoned open never returned"
+    with pytest.raises(OSError):         # answered too late: closed, not leaked
+        os.fstat(opened[0])
+    del app.refused[good]
+    assert app.attach(Obj(), {good}) == [good.name]

@@ -6,9 +6,10 @@ dynamic loader's cache, and each copy a running process has mapped from
 another mount namespace (a container image's rdma-core), opened through
 /proc/PID/root. Those files are data a container user controls: each is
 opened only as a regular file inside the process's own root, only if it is
-the inode the process maps, and read within bounds (elf_exports.py); one
-that cannot be used is refused with its reason, and the scan goes on within
-its time budget. Offsets come from the library's own dynamic symbol table:
+the inode the process maps, opened and read on a thread of its own for a
+bounded time (BoundedOpener), and parsed within bounds (elf_exports.py);
+one that cannot be used is refused with its reason, and the scan goes on
+within its time budget. Offsets come from the library's own dynamic symbol table:
 the default version of each verb (``ibv_reg_mr@@IBVERBS_1.1``), the one
 every program linked since rdma-core 1.1 calls.
 
@@ -23,6 +24,7 @@ import logging
 import os
 import re
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 
@@ -46,6 +48,7 @@ MAX_MAPS_BYTES = 4 << 20
 MAX_LIBRARIES = 32               # distinct files; each costs 30 uprobes
 MAX_REFUSALS_KEPT = 1024         # beyond, a refusal is counted and may be tried again
 SCAN_BUDGET_S = 5.0              # one scan's wall-clock time; what is left waits for the next
+OPEN_TIMEOUT_S = 2.0             # opening and reading one file (a local file takes milliseconds)
 
 
 @dataclass(frozen=True)
@@ -138,6 +141,58 @@ def read_whole(fd: int, most: int) -> bytes:
     return b"".join(chunks)
 
 
+class BoundedOpener:
+    """Opens and reads candidates on a thread of its own, for at most
+    `timeout_s` each. A path lookup that enters a file system a user's
+    process serves (FUSE) waits for that process, which may never answer;
+    the thread is then left behind, and until it returns nothing else is
+    opened (one such thread at most, and the scan goes on)."""
+
+    def __init__(self, timeout_s: float):
+        self.timeout_s = timeout_s
+        self._stuck: tuple[threading.Thread, str] | None = None
+
+    def open(self, cand: Candidate) -> tuple[int, os.stat_result, bytes]:
+        if self._stuck is not None:
+            thread, name = self._stuck
+            if thread.is_alive():
+                raise LibraryError(f"{cand.name}: not opened while the open of {name} has not "
+                                   "returned")
+            self._stuck = None
+        result: dict = {}
+        lock = threading.Lock()
+
+        def work():
+            try:
+                fd, st = open_library(cand)
+                try:
+                    data = read_whole(fd, ELF_LIMITS.max_file_bytes)
+                except BaseException:
+                    os.close(fd)
+                    raise
+            except BaseException as exc:  # noqa: BLE001 - handed to the scan
+                result["error"] = exc
+                return
+            with lock:
+                if result.get("abandoned"):
+                    os.close(fd)     # answered too late: nobody holds it
+                else:
+                    result["done"] = (fd, st, data)
+
+        thread = threading.Thread(target=work, name="rdma-app-open", daemon=True)
+        thread.start()
+        thread.join(self.timeout_s)
+        with lock:
+            if "done" not in result and "error" not in result:
+                result["abandoned"] = True
+                self._stuck = (thread, cand.name)
+                raise LibraryError(f"{cand.name}: not opened within {self.timeout_s:g} s (its "
+                                   "file system does not answer)")
+        if "error" in result:
+            raise result["error"]
+        return result["done"]
+
+
 def system_library() -> str | None:
     """The path the dynamic loader resolves libibverbs.so.1 to, on this host."""
     try:
@@ -214,6 +269,7 @@ class Attachments:
         self.refused: dict[tuple, str] = {}     # candidate or (dev, ino) -> why
         self.refusals = 0
         self.since_ns = 0            # CLOCK_MONOTONIC of the first attach
+        self._opener = BoundedOpener(OPEN_TIMEOUT_S)
 
     def attach(self, obj, found, budget_s: float = SCAN_BUDGET_S,
                clock=time.monotonic) -> list[str]:
@@ -242,13 +298,13 @@ class Attachments:
     def _attach_one(self, obj, cand: Candidate) -> Library | None:
         if len(self.libraries) >= MAX_LIBRARIES:
             raise LibraryError(f"{cand.name}: already attached to {MAX_LIBRARIES} files")
-        fd, st = open_library(cand)
+        fd, st, data = self._opener.open(cand)
         try:
             ident = (st.st_dev, st.st_ino)
             if ident in self.libraries or ident in self.refused:
                 return None
             try:
-                offsets = file_offsets(read_whole(fd, ELF_LIMITS.max_file_bytes), cand.name)
+                offsets = file_offsets(data, cand.name)
             except LibraryError as exc:
                 self._refuse(ident, str(exc))
                 return None
