@@ -298,6 +298,10 @@ class RdmaProbe:
     def app_libraries(self) -> list[str]:
         return sorted(lib.path for lib in self.app.libraries.values())
 
+    def app_refusals(self) -> int:
+        """libibverbs files refused since the probe started (reasons logged)."""
+        return self.app.refusals
+
     @property
     def app_since_ns(self) -> int:
         """CLOCK_MONOTONIC of the application probe's first attach (0: never)."""
