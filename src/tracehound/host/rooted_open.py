@@ -9,7 +9,9 @@ that root), no magic links, no final symlink, first as O_PATH: nothing is
 opened for reading (a device's open can have effects, a FIFO's can block)
 until the descriptor is known to be a regular file on a file system the
 kernel answers for; it is then reopened, without blocking, through
-/proc/self/fd, which names that very inode.
+/proc/self/fd, which names that very inode. The lookup itself, and the
+status of a file on FUSE, can still wait on a user's process: callers bound
+the time (probes/rdma_app.py opens on a thread of its own).
 """
 from __future__ import annotations
 
@@ -103,8 +105,7 @@ def open_regular(root: str, path: bytes) -> int:
 def _kind(mode: int) -> str:
     for test, name in ((stat.S_ISLNK, "a symbolic link, not followed"), (stat.S_ISFIFO, "a FIFO"),
                        (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISSOCK, "a socket"),
-                       (stat.S_ISDIR, "a directory")):
+                       (stat.S_ISSOCK, "a socket"), (stat.S_ISDIR, "a directory")):
         if test(mode):
             return name
     return f"mode {mode:o}"
