@@ -6,10 +6,12 @@ RecursionError would be a traceback, or a dead collector).
 Hypothesis runs derandomized (the same examples on every machine, so CI is
 reproducible); EXAMPLES per property. docs/reliability.md reports the count.
 """
+import io
 import string
 from contextlib import contextmanager
 
 import pytest
+from elftools.elf.elffile import ELFFile
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -25,7 +27,11 @@ from tracehound.errors import SetupError
 from tracehound.exporter.server import parse_listen
 from tracehound.gpu.kmsg import EVENT_KINDS, MALFORMED, parse_gpu_line, parse_record
 from tracehound.host.mounts import MountTableError, parse_mountinfo
+from tracehound.probes.elf_exports import ElfRefused, default_function_offsets
+from tracehound.probes.rdma_app import VERBS
 from tracehound.top.rates import parse_metrics
+
+from tests.crafted_elf import REAL_LIBIBVERBS
 
 EXAMPLES = 400
 fuzz = settings(max_examples=EXAMPLES, derandomize=True, deadline=None, database=None,
@@ -301,3 +307,53 @@ def test_any_label_value_renders_to_utf8_that_parsers_read_back(value):
     assert _read_back(s for f in om(openmetrics) for s in f.samples) == expected
     messages = decode(b"".join(render(fams, PROTOBUF)))
     assert {m.name: label_dict(m.metric[0]).get("v", "") for m in messages} == expected
+
+
+# libibverbs as a container user may craft it: the real library with bytes
+# rewritten where the reader looks (ELF, section and program headers, the
+# dynamic symbols, their versions and names), or any bytes at all
+with open(REAL_LIBIBVERBS, "rb") as _f:
+    LIBRARY = _f.read()
+
+
+def _looked_at(data: bytes) -> list[tuple[int, int]]:
+    elf = ELFFile(io.BytesIO(data))
+    spans = [(0, 64), (elf["e_phoff"], elf["e_phnum"] * elf["e_phentsize"]),
+             (elf["e_shoff"], elf["e_shnum"] * elf["e_shentsize"])]
+    for name in (".dynsym", ".gnu.version", ".dynstr"):
+        s = elf.get_section_by_name(name)
+        spans.append((s["sh_offset"], min(s["sh_size"], 4096)))
+    return spans
+
+
+LIBRARY_SPANS = _looked_at(LIBRARY)
+# (span, position in it, new byte)
+LIBRARY_EDITS = st.lists(st.tuples(st.integers(0, len(LIBRARY_SPANS) - 1), st.integers(0, 2**32),
+                                   st.integers(0, 255)), min_size=1, max_size=12)
+
+
+def offsets_within_bounds(data: bytes) -> None:
+    try:
+        offsets = default_function_offsets(data, VERBS)
+    except ElfRefused as exc:
+        assert str(exc)
+        return
+    assert set(offsets) <= set(VERBS)
+    assert all(0 <= at < len(data) for at in offsets.values())
+
+
+@fuzz
+@given(st.booleans(), st.binary(max_size=2048))
+def test_any_bytes_read_as_a_library_give_offsets_in_the_file_or_a_refusal(as_elf64, data):
+    # half of them past the magic and class bytes, so the headers' parsing is reached
+    offsets_within_bounds(LIBRARY[:7] + data if as_elf64 else data)
+
+
+@fuzz
+@given(LIBRARY_EDITS)
+def test_a_library_rewritten_where_the_reader_looks_gives_offsets_in_the_file_or_a_refusal(edits):
+    data = bytearray(LIBRARY)
+    for span, at, byte in edits:
+        start, size = LIBRARY_SPANS[span]
+        data[start + at % size] = byte
+    offsets_within_bounds(bytes(data))

@@ -92,6 +92,9 @@ class FakeProbe:
     def app_libraries(self):
         return ["/usr/lib/x86_64-linux-gnu/libibverbs.so.1.14.44.0"]
 
+    def app_refusals(self):
+        return 2
+
 
 class FakeCgroups:
     gone = frozenset()
@@ -185,6 +188,7 @@ def test_collector_metric_families():
                       device="rxe0").values()) == [2]
     assert list(owned("tracehound_rdma_app_verb_calls_total", op="destroy_cq").values()) == [1]
     assert list(owned("tracehound_rdma_app_libraries").values()) == [1]
+    assert list(owned("tracehound_rdma_app_libraries_refused_total").values()) == [2]
     assert list(owned("tracehound_rdma_qp_events_total", event="QP_FATAL",
                       cgroup="/job/a").values()) == [3]
     assert list(owned("tracehound_rdma_async_events_total", event="QP_FATAL").values()) == [3]

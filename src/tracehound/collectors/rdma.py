@@ -117,6 +117,11 @@ class RdmaCollector:
         for path in self.probe.app_libraries():
             libraries.add_metric([path], 1)
         yield libraries
+        yield CounterMetricFamily(
+            "tracehound_rdma_app_libraries_refused",
+            "libibverbs files the application view refused (not a regular file in the "
+            "process's root, not the file it maps, unreadable or malformed ELF, over a bound; "
+            "each reason is in the log).", value=self.probe.app_refusals())
         objects = GaugeMetricFamily(
             "tracehound_rdma_app_objects",
             "RDMA objects processes hold as libibverbs handed them (the application's view).",

@@ -324,12 +324,17 @@ class RdmaWatcher:
         if drop:
             self.probe.forget_app_objects([app_key(o) for o in drop])
         # a process with kernel objects the application view never saw may
-        # map a libibverbs of its own (a container's): attach to it too
+        # map a libibverbs of its own (a container's): attach to it too, in
+        # one call, so one time budget bounds the look at all of them
+        found, looked = set(), False
         for o in snap.objects:
             if o.user and o.tgid not in cmp.covered and o.tgid not in self._looked_at \
                     and o.created_ns >= self.probe.app_since_ns:
                 self._looked_at.add(o.tgid)
-                self.probe.attach_libraries(mapped_by(o.tgid))
+                found |= mapped_by(o.tgid)
+                looked = True
+        if looked:
+            self.probe.attach_libraries(found)
         self._looked_at &= {o.tgid for o in snap.objects}
 
     def run_once(self, now: float) -> None:

@@ -276,29 +276,31 @@ class RdmaProbe:
 
     # -- the application's view -------------------------------------------
     def _attach_app_view(self) -> None:
-        """The system's libibverbs and every copy a running process maps."""
-        paths = set()
-        system = rdma_app.system_library()
-        if system:
-            paths.add(system)
-        for mapped in rdma_app.mapping_processes().values():
-            paths |= mapped
-        self.attach_libraries(paths)
+        """The system's libibverbs and every copy a running process maps, on
+        the start path: bounded by the scan's budget (rdma_app.SCAN_BUDGET_S);
+        copies left over are looked at when their processes show up in the
+        kernel's view (detect/rdma.py)."""
+        self.attach_libraries(rdma_app.candidates())
         if not self.app.libraries:
             self.app_reason = self.app.why_none()
             log.info("rdma probe: no application view: %s", self.app_reason)
 
-    def attach_libraries(self, paths) -> list[str]:
-        """Attach the application probe to libibverbs files not attached yet."""
+    def attach_libraries(self, found) -> list[str]:
+        """Attach the application probe to libibverbs files (rdma_app.Candidate)
+        not attached yet; refusals are kept in self.app, never raised."""
         if self.obj is None:
             return []
-        added = self.app.attach(self.obj, paths)
+        added = self.app.attach(self.obj, found)
         if added:
             self.app_reason = None
         return added
 
     def app_libraries(self) -> list[str]:
         return sorted(lib.path for lib in self.app.libraries.values())
+
+    def app_refusals(self) -> int:
+        """libibverbs files refused since the probe started (reasons logged)."""
+        return self.app.refusals
 
     @property
     def app_since_ns(self) -> int:

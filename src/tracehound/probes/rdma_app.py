@@ -4,7 +4,12 @@ uprobes attach to a file (its inode), not to a name, so every distinct
 libibverbs on the node needs its own set: the system's, found through the
 dynamic loader's cache, and each copy a running process has mapped from
 another mount namespace (a container image's rdma-core), opened through
-/proc/PID/root. Offsets come from the library's own dynamic symbol table:
+/proc/PID/root. Those files are data a container user controls: each is
+opened only as a regular file inside the process's own root, only if it is
+the inode the process maps, opened and read on a thread of its own for a
+bounded time (BoundedOpener), and parsed within bounds (elf_exports.py);
+one that cannot be used is refused with its reason, and the scan goes on
+within its time budget. Offsets come from the library's own dynamic symbol table:
 the default version of each verb (``ibv_reg_mr@@IBVERBS_1.1``), the one
 every program linked since rdma-core 1.1 calls.
 
@@ -19,13 +24,13 @@ import logging
 import os
 import re
 import subprocess
+import threading
 import time
 from dataclasses import dataclass
 
-from elftools.common.exceptions import ELFError
-from elftools.elf.elffile import ELFFile
-
 from ..errors import TracehoundError
+from ..host.rooted_open import OVERLAYFS, RootedOpenError, fs_type, open_regular
+from .elf_exports import LIMITS as ELF_LIMITS, ElfRefused, default_function_offsets
 
 log = logging.getLogger(__name__)
 
@@ -37,14 +42,35 @@ VERBS = ("ibv_open_device", "ibv_close_device", "ibv_alloc_pd", "ibv_dealloc_pd"
          "ibv_reg_mr_iova2", "ibv_dereg_mr", "ibv_modify_qp")
 # verbs added to rdma-core later than the others: absent from old libraries
 OPTIONAL_VERBS = frozenset({"ibv_reg_mr_iova", "ibv_reg_mr_iova2"})
-_HIDDEN = 0x8000                 # versym bit of a non-default (compatibility) version
-_MAPS_LINE = re.compile(rb"^\S+ \S+ \S+ \S+ \d+ +(/.*libibverbs\.so[.\d]*)(?: \(deleted\))?$")
+_MAPS_LINE = re.compile(rb"^([0-9a-f]+-[0-9a-f]+) \S+ \S+ ([0-9a-f]+):([0-9a-f]+) (\d+) +"
+                        rb"(/.*libibverbs\.so[.\d]*)(?: \(deleted\))?$")
 MAX_MAPS_BYTES = 4 << 20
+MAX_LIBRARIES = 32               # distinct files; each costs 30 uprobes
+MAX_REFUSALS_KEPT = 1024         # beyond, a refusal is counted and may be tried again
+SCAN_BUDGET_S = 5.0              # one scan's wall-clock time; what is left waits for the next
+OPEN_TIMEOUT_S = 2.0             # opening and reading one file (a local file takes milliseconds)
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """A libibverbs file to look at: `path` resolved inside `root`, and the
+    inode a process maps there when it came from that process's maps."""
+    root: str                    # "/" (this host) or /proc/PID/root
+    path: bytes
+    dev: int | None = None
+    ino: int | None = None
+    mapped_as: str | None = None  # /proc/PID/map_files/START-END: the mapped file itself
+
+    @property
+    def name(self) -> str:
+        """As an operator reads it (bytes that are not UTF-8 shown as U+FFFD)."""
+        inside = self.path.decode(errors="replace")
+        return inside if self.root == "/" else self.root + inside
 
 
 @dataclass(frozen=True)
 class Library:
-    path: str                    # as this process can open it
+    path: str                    # Candidate.name
     dev: int
     ino: int
     offsets: dict                # verb -> file offset of its default version
@@ -54,44 +80,117 @@ class LibraryError(Exception):
     pass
 
 
-def file_offsets(path: str, verbs=VERBS) -> dict[str, int]:
-    """verb -> file offset of its default-version definition in `path`."""
-    wanted = set(verbs)
-    found: dict[str, int] = {}
+def file_offsets(data: bytes, name: str, verbs=VERBS) -> dict[str, int]:
+    """verb -> file offset of its default-version definition in `data`, the
+    bytes of the file called `name`."""
     try:
-        with open(path, "rb") as f:
-            elf = ELFFile(f)
-            dynsym = elf.get_section_by_name(".dynsym")
-            versym = elf.get_section_by_name(".gnu.version")
-            if dynsym is None:
-                raise LibraryError(f"{path} has no dynamic symbol table")
-            loads = [s for s in elf.iter_segments() if s["p_type"] == "PT_LOAD"]
-            for i, sym in enumerate(dynsym.iter_symbols()):
-                if sym.name not in wanted or sym["st_info"]["type"] != "STT_FUNC" \
-                        or sym["st_shndx"] == "SHN_UNDEF":
-                    continue
-                ndx = versym.get_symbol(i).entry["ndx"] if versym is not None else 1
-                if isinstance(ndx, int) and ndx & _HIDDEN:
-                    continue
-                addr = sym["st_value"]
-                seg = next((s for s in loads
-                            if s["p_vaddr"] <= addr < s["p_vaddr"] + s["p_memsz"]), None)
-                if seg is not None:
-                    found[sym.name] = addr - seg["p_vaddr"] + seg["p_offset"]
-    except (OSError, ELFError, ValueError) as exc:
-        raise LibraryError(f"cannot read {path}: {exc}") from None
-    missing = wanted - set(found) - OPTIONAL_VERBS
+        found = default_function_offsets(data, verbs)
+    except ElfRefused as exc:
+        raise LibraryError(f"cannot read {name}: {exc}") from None
+    missing = set(verbs) - set(found) - OPTIONAL_VERBS
     if missing:
-        raise LibraryError(f"{path} lacks {', '.join(sorted(missing))}: not a libibverbs 1.1+")
+        raise LibraryError(f"{name} lacks {', '.join(sorted(missing))}: not a libibverbs 1.1+")
     return found
 
 
-def library(path: str) -> Library:
+def open_library(cand: Candidate) -> tuple[int, os.stat_result]:
+    """A descriptor of the regular file `cand` names inside its root, and its
+    status; when `cand` came from a process's maps, only the very file that
+    process maps (a path replaced since, by anything, is refused)."""
     try:
-        st = os.stat(path)
-    except OSError as exc:
-        raise LibraryError(f"cannot open {path}: {exc.strerror}") from None
-    return Library(path, st.st_dev, st.st_ino, file_offsets(path))
+        fd = open_regular(cand.root, cand.path)
+    except RootedOpenError as exc:
+        raise LibraryError(f"cannot open {cand.name}: {exc}") from None
+    try:
+        st = os.fstat(fd)
+        if cand.ino is not None and not _maps_this(fd, st, cand):
+            raise LibraryError(f"{cand.name} is not the file the process maps (replaced since)")
+        if st.st_size > ELF_LIMITS.max_file_bytes:
+            raise LibraryError(f"{cand.name} is larger than {ELF_LIMITS.max_file_bytes} bytes")
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd, st
+
+
+def _maps_this(fd: int, st: os.stat_result, cand: Candidate) -> bool:
+    if (st.st_dev, st.st_ino) == (cand.dev, cand.ino):
+        return True
+    # overlayfs before Linux 6.8 shows the inode underneath in maps: the
+    # mapped file itself, named by map_files, decides. Only there: the
+    # mapped file may be anywhere, a FUSE file whose daemon never answers too
+    if not cand.mapped_as or fs_type(fd) != OVERLAYFS:
+        return False
+    try:
+        mapped = os.stat(cand.mapped_as)
+    except OSError:
+        return False
+    return (st.st_dev, st.st_ino) == (mapped.st_dev, mapped.st_ino)
+
+
+def read_whole(fd: int, most: int) -> bytes:
+    chunks, size = [], 0
+    while size <= most:
+        chunk = os.read(fd, min(1 << 20, most + 1 - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    if size > most:
+        raise LibraryError(f"grew past {most} bytes while read")
+    return b"".join(chunks)
+
+
+class BoundedOpener:
+    """Opens and reads candidates on a thread of its own, for at most
+    `timeout_s` each. A path lookup that enters a file system a user's
+    process serves (FUSE) waits for that process, which may never answer;
+    the thread is then left behind, and until it returns nothing else is
+    opened (one such thread at most, and the scan goes on)."""
+
+    def __init__(self, timeout_s: float):
+        self.timeout_s = timeout_s
+        self._stuck: tuple[threading.Thread, str] | None = None
+
+    def open(self, cand: Candidate) -> tuple[int, os.stat_result, bytes]:
+        if self._stuck is not None:
+            thread, name = self._stuck
+            if thread.is_alive():
+                raise LibraryError(f"{cand.name}: not opened while the open of {name} has not "
+                                   "returned")
+            self._stuck = None
+        result: dict = {}
+        lock = threading.Lock()
+
+        def work():
+            try:
+                fd, st = open_library(cand)
+                try:
+                    data = read_whole(fd, ELF_LIMITS.max_file_bytes)
+                except BaseException:
+                    os.close(fd)
+                    raise
+            except BaseException as exc:  # noqa: BLE001 - handed to the scan
+                result["error"] = exc
+                return
+            with lock:
+                if result.get("abandoned"):
+                    os.close(fd)     # answered too late: nobody holds it
+                else:
+                    result["done"] = (fd, st, data)
+
+        thread = threading.Thread(target=work, name="rdma-app-open", daemon=True)
+        thread.start()
+        thread.join(self.timeout_s)
+        with lock:
+            if "done" not in result and "error" not in result:
+                result["abandoned"] = True
+                self._stuck = (thread, cand.name)
+                raise LibraryError(f"{cand.name}: not opened within {self.timeout_s:g} s (its "
+                                   "file system does not answer)")
+        if "error" in result:
+            raise result["error"]
+        return result["done"]
 
 
 def system_library() -> str | None:
@@ -114,80 +213,134 @@ def system_library() -> str | None:
     return None
 
 
-def mapped_by(pid: int, proc: str = "/proc") -> set[str]:
-    """libibverbs files process `pid` has mapped, as paths this process can
-    open (through its root, so a container's copy is found)."""
+def mapped_by(pid: int, proc: str = "/proc") -> set[Candidate]:
+    """libibverbs files process `pid` has mapped: each path as the process
+    names it (inside its root: a container's copy is found) with the inode
+    it maps there."""
     try:
         with open(f"{proc}/{pid}/maps", "rb") as f:
             text = f.read(MAX_MAPS_BYTES)
     except OSError:
         return set()
-    paths = set()
+    found: dict[tuple, Candidate] = {}
     for line in text.splitlines():
         m = _MAPS_LINE.match(line)
-        if m:
-            inner = m.group(1).decode(errors="surrogateescape")
-            paths.add(f"{proc}/{pid}/root{inner}")
-    return paths
+        if not m:
+            continue
+        span, major, minor, ino, path = m.groups()
+        dev = os.makedev(int(major, 16), int(minor, 16))
+        key = (path, dev, int(ino))
+        if key not in found:
+            found[key] = Candidate(f"{proc}/{pid}/root", path, dev, int(ino),
+                                   f"{proc}/{pid}/map_files/{span.decode()}")
+    return set(found.values())
 
 
-def mapping_processes(proc: str = "/proc") -> dict[int, set[str]]:
-    """pid -> libibverbs paths, for every process that has one mapped."""
+def mapping_processes(proc: str = "/proc") -> dict[int, set[Candidate]]:
+    """pid -> libibverbs files, for every process that has one mapped."""
     out = {}
     for name in os.listdir(proc):
         if name.isdigit():
-            paths = mapped_by(int(name), proc)
-            if paths:
-                out[int(name)] = paths
+            found = mapped_by(int(name), proc)
+            if found:
+                out[int(name)] = found
     return out
+
+
+def candidates(proc: str = "/proc") -> set[Candidate]:
+    """The system's libibverbs and every copy a running process maps."""
+    found = set()
+    system = system_library()
+    if system:
+        found.add(Candidate("/", os.fsencode(system)))
+    for mapped in mapping_processes(proc).values():
+        found |= mapped
+    return found
 
 
 class Attachments:
     """The libibverbs files the application probe is attached to, one set of
-    uprobes per inode whatever path names it, and those that were refused."""
+    uprobes per inode whatever path names it, and those that were refused.
+    A file that cannot be used is refused with its reason and counted, never
+    raised: the next one is still looked at."""
 
     def __init__(self):
         self.libraries: dict[tuple[int, int], Library] = {}
-        self.refused: dict[tuple[int, int], str] = {}
+        self.refused: dict[tuple, str] = {}     # candidate or (dev, ino) -> why
+        self.refusals = 0
         self.since_ns = 0            # CLOCK_MONOTONIC of the first attach
+        self._opener = BoundedOpener(OPEN_TIMEOUT_S)
 
-    def attach(self, obj, paths) -> list[str]:
-        """Attach `obj`'s up_/ur_ programs to each new library; returns the
-        paths attached now."""
+    def attach(self, obj, found, budget_s: float = SCAN_BUDGET_S,
+               clock=time.monotonic) -> list[str]:
+        """Attach `obj`'s up_/ur_ programs to each new library of `found`
+        (Candidates), for at most `budget_s`; returns the names attached now."""
         added = []
-        for path in sorted(paths):
+        end = clock() + budget_s
+        # the host's own first, then in a stable order
+        todo = sorted(found, key=lambda c: (c.root != "/", c.root, c.path))
+        for n, cand in enumerate(todo):
+            if clock() > end:
+                log.warning("rdma probe: %d libibverbs files left for a later look: the scan "
+                            "took more than %g s", len(todo) - n, budget_s)
+                break
+            if (cand.dev, cand.ino) in self.libraries or cand in self.refused:
+                continue
             try:
-                st = os.stat(path)
-            except OSError:
+                lib = self._attach_one(obj, cand)
+            except Exception as exc:  # noqa: BLE001 - one file never stops the scan
+                self._refuse(cand, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
                 continue
-            ident = (st.st_dev, st.st_ino)
-            if ident in self.libraries or ident in self.refused:
-                continue
-            try:
-                lib = library(path)
-                _attach(obj, lib)
-            except (LibraryError, TracehoundError) as exc:
-                self.refused[ident] = str(exc).splitlines()[0]
-                log.warning("rdma probe: no application view through %s: %s", path,
-                            self.refused[ident])
-                continue
-            self.libraries[ident] = lib
-            self.since_ns = self.since_ns or time.monotonic_ns()
-            added.append(path)
-            log.info("rdma probe: application view through %s (%d verbs)", path, len(lib.offsets))
+            if lib is not None:
+                added.append(lib.path)
         return added
 
+    def _attach_one(self, obj, cand: Candidate) -> Library | None:
+        if len(self.libraries) >= MAX_LIBRARIES:
+            raise LibraryError(f"{cand.name}: already attached to {MAX_LIBRARIES} files")
+        fd, st, data = self._opener.open(cand)
+        try:
+            ident = (st.st_dev, st.st_ino)
+            if ident in self.libraries or ident in self.refused:
+                return None
+            try:
+                offsets = file_offsets(data, cand.name)
+            except LibraryError as exc:
+                self._refuse(ident, str(exc))
+                return None
+            lib = Library(cand.name, st.st_dev, st.st_ino, offsets)
+            # through the descriptor: the inode checked, whatever the path names now
+            try:
+                _attach(obj, lib, f"/proc/self/fd/{fd}")
+            except TracehoundError as exc:
+                raise LibraryError(f"{cand.name}: {exc}") from None
+        finally:
+            os.close(fd)
+        self.libraries[ident] = lib
+        self.since_ns = self.since_ns or time.monotonic_ns()
+        log.info("rdma probe: application view through %s (%d verbs)", lib.path, len(offsets))
+        return lib
+
+    def _refuse(self, key, why: str) -> None:
+        self.refusals += 1
+        if len(self.refused) < MAX_REFUSALS_KEPT:
+            self.refused[key] = why
+            log.warning("rdma probe: no application view through it: %s", why)
+
     def why_none(self) -> str:
-        return "; ".join(sorted(set(self.refused.values()))) or \
-            f"no {SONAME} on this host or in any process"
+        reasons = sorted(set(self.refused.values()))
+        if not reasons:
+            return f"no {SONAME} on this host or in any process"
+        shown = "; ".join(reasons[:3])
+        return shown if len(reasons) <= 3 else f"{shown}; ({self.refusals} refusals in all)"
 
 
-def _attach(obj, lib: Library) -> None:
+def _attach(obj, lib: Library, path: str) -> None:
     links = []
     try:
         for verb, offset in lib.offsets.items():
             for side, ret in (("up", False), ("ur", True)):
-                links.append(obj.programs[f"{side}_{verb}"].attach_uprobe(lib.path, offset,
+                links.append(obj.programs[f"{side}_{verb}"].attach_uprobe(path, offset,
                                                                            retprobe=ret))
     except BaseException:
         for link in links:
