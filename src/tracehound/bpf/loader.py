@@ -79,7 +79,7 @@ class Program:
         """Attach to the function at file `offset` of `path`, in every process."""
         lb = libbpf.lib()
         ctypes.set_errno(0)
-        link = lb.bpf_program__attach_uprobe(self._ptr, retprobe, -1, path.encode(), offset)
+        link = lb.bpf_program__attach_uprobe(self._ptr, retprobe, -1, os.fsencode(path), offset)
         if not link:
             err = libbpf.errno_of()
             hook = f"{'uretprobe' if retprobe else 'uprobe'}/{path}:{offset:#x}"
@@ -259,7 +259,7 @@ class BpfObject:
         lb = libbpf.lib()
         libbpf.take_log()
         ctypes.set_errno(0)
-        self._ptr = lb.bpf_object__open_file(path.encode(), None)
+        self._ptr = lb.bpf_object__open_file(os.fsencode(path), None)
         if not self._ptr:
             raise TracehoundError(f"cannot open BPF object {path}: "
                                   + libbpf.strerror(libbpf.errno_of()))
