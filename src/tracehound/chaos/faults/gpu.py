@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -218,6 +219,12 @@ class NcclFault(Fault):
         if not args["command"]:
             return ["command must not be empty"]
         return check_cgroup_path(args["cgroup"]) if args.get("cgroup") else []
+
+    def launches(self, args):
+        command = args.get("command")
+        if isinstance(command, list):
+            return shlex.join(str(x) for x in command)
+        return None
 
     def availability(self):
         # NCCL runs on NVIDIA GPUs only: without the driver a job has nothing to misconfigure

@@ -10,7 +10,7 @@ import subprocess
 import time
 
 from ...attribution.procs import proc_cgroups, read_pids
-from . import Arg, Availability, Detection, Fault, FaultError, Prepared, cgroupctl
+from . import Arg, Availability, Detection, Fault, FaultError, Prepared, cgroupctl, names
 from .targets import (cgroup2_root, cgroup_dir, cgroup_procs, check_cgroup_path, proc_of,
                       run_cmd, same_process)
 
@@ -289,7 +289,7 @@ class IoErrors(Fault):
     summary = "make a device-mapper device fail I/O (error target) or flap (flakey)"
     args = {
         "dm_name": Arg(str, "an existing device-mapper device with a linear table",
-                       required=True),
+                       required=True, grammar=names.dm_name),
         "mode": Arg(str, "error: every I/O fails; flakey: up/down cycles", default="error",
                     choices=("error", "flakey")),
         "up_seconds": Arg(int, "flakey: seconds of good I/O per cycle", default=1, minimum=0),

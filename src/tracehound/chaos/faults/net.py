@@ -13,7 +13,7 @@ import platform
 
 from . import (Arg, Availability, Detection, Fault, FaultError, Prepared, interface_args,
                refuse_host_netns)
-from .targets import check_cgroup_path, netns_prefix, run_cmd
+from .targets import check_cgroup_path, netns_path, netns_prefix, run_cmd
 
 BPF_PRIORITY_BASE = 49100
 # Rollback finds the filter by priority alone, so one fixed handle serves.
@@ -46,7 +46,7 @@ def _tc_json(netns: str | None, *args: str) -> list:
 
 
 def _link_exists(netns: str | None, ifname: str) -> bool:
-    if netns and not os.path.exists(f"/run/netns/{netns}"):
+    if netns and not os.path.exists(netns_path(netns)):
         return False
     try:
         run_cmd(netns_prefix(netns) + ["ip", "link", "show", "dev", ifname])

@@ -10,7 +10,7 @@ import re
 import subprocess
 from dataclasses import dataclass
 
-from . import FaultError
+from . import FaultError, names
 
 PF_KTHREAD = 0x00200000
 
@@ -88,12 +88,23 @@ def check_target_args(args: dict) -> list[str]:
     return []
 
 
+PATH_MAX = 4096
+
+
 def check_cgroup_path(path: str) -> list[str]:
+    """A path below the cgroup v2 root: every part a name ('/.' would be the
+    root cgroup itself, '..' a way out), within the kernel's limits."""
     if not path.startswith("/"):
         return [f"cgroup '{path}' must be a path from the cgroup v2 root, starting with /"]
-    if ".." in path.split("/"):
-        return [f"cgroup '{path}' must not contain '..'"]
-    if path.rstrip("/") == "":
+    parts = [p for p in path.split("/") if p]
+    if ".." in parts or "." in parts:
+        return [f"cgroup '{path}' must not contain '..' or '.': each part is a name"]
+    if "\0" in path:
+        return [f"cgroup {path!r} must not contain a NUL byte"]
+    if len(path.encode("utf-8", "surrogateescape")) >= PATH_MAX or any(
+            len(p.encode("utf-8", "surrogateescape")) > 255 for p in parts):
+        return [f"cgroup '{path[:64]}...' is longer than a path or a name may be"]
+    if not parts:
         return ["the root cgroup holds every process on the host: name a child cgroup"]
     return []
 
@@ -193,4 +204,13 @@ def netns_prefix(netns: str | None) -> list[str]:
     switches only the network namespace (ip netns exec also remounts /sys)."""
     if not netns:
         return []
-    return ["nsenter", f"--net=/run/netns/{netns}", "--"]
+    return ["nsenter", f"--net={netns_path(netns)}", "--"]
+
+
+def netns_path(netns: str) -> str:
+    """/run/netns/<netns>, for a name only (also checked here: a journal's
+    state reaches this too)."""
+    why = names.netns_name(netns)
+    if why:
+        raise FaultError(why)
+    return f"/run/netns/{netns}"
