@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 from . import config as cfg
 from . import faults as catalog
-from . import tolerance
+from . import consent, tolerance
 from .detection import DETECT_KEYS, QUERY_KEYS, check_spec
 from .document import Document, child_path
 
@@ -53,6 +53,7 @@ class Experiment:
     method: list
     rollbacks: list
     faults: list = field(default_factory=list)     # (action name, fault name)
+    code: list = field(default_factory=list)       # consent.CodeActivity: runs code
     notes: list = field(default_factory=list)
     # Probed once while validating: some checks shell out or load modules.
     availability: dict[str, catalog.Availability] = field(default_factory=dict)
@@ -68,8 +69,11 @@ def _suggest(word: str, choices) -> str:
 
 
 class Checker:
-    def __init__(self, doc: Document):
+    def __init__(self, doc: Document, allow_code: bool = False):
         self.doc = doc
+        self.allow_code = allow_code
+        self.code: list[consent.CodeActivity] = []
+        self.notes: list[str] = []
         self.problems: list[Problem] = []
         self.config: dict = {}
         self.fault_actions: list[str] = []
@@ -123,7 +127,8 @@ class Checker:
         if hypothesis:
             hypothesis["probes"] = resolve(hypothesis["probes"])
         exp = Experiment(data["title"], data["description"], hypothesis,
-                         resolve(method), resolve(rollbacks), self.faults)
+                         resolve(method), resolve(rollbacks), self.faults, self.code,
+                         list(self.notes))
         for _, name in self.faults:
             if name not in exp.availability:
                 exp.availability[name] = catalog.get(name).availability()
@@ -196,6 +201,7 @@ class Checker:
             for sub, msg in tolerance.check(act["tolerance"]):
                 self.add(child_path(child_path(path, "tolerance"), sub) if sub else
                          child_path(path, "tolerance"), msg)
+            self._tolerance_probe(act["tolerance"], child_path(path, "tolerance"), act)
         self._pauses(act.get("pauses"), child_path(path, "pauses"))
         if "background" in act and not isinstance(act["background"], bool):
             self.add(child_path(path, "background"), "background must be true or false")
@@ -211,7 +217,28 @@ class Checker:
             return act
         self._keys(provider, ppath, PROVIDER_KEYS[ptype], f"a {ptype} provider")
         getattr(self, f"_{ptype}")(provider, ppath, act, section, hypothesis)
+        if ptype in consent.CODE_PROVIDERS:
+            self.code.append(consent.CodeActivity(ppath, str(name), ptype,
+                                                  consent.describe(provider)))
         return act
+
+    def _tolerance_probe(self, tol, path: str, act: dict) -> None:
+        """A probe tolerance runs a provider of its own: python, process or
+        http (a fault or a detection there would escape the method's checks)."""
+        if not (isinstance(tol, dict) and tol.get("type") == "probe"):
+            return
+        provider, ppath = tol.get("provider"), child_path(path, "provider")
+        if not isinstance(provider, dict) or provider.get("type") not in ("python", "process",
+                                                                          "http"):
+            self.add(ppath, "a probe tolerance needs a provider mapping of type python, "
+                            "process or http")
+            return
+        ptype = provider["type"]
+        self._keys(provider, ppath, PROVIDER_KEYS[ptype], f"a {ptype} provider")
+        getattr(self, f"_{ptype}")(provider, ppath, act, "tolerance", False)
+        if ptype in consent.CODE_PROVIDERS:
+            self.code.append(consent.CodeActivity(ppath, str(act.get("name")), ptype,
+                                                  consent.describe(provider)))
 
     def _pauses(self, pauses, path: str) -> None:
         if pauses is None:
@@ -246,6 +273,16 @@ class Checker:
             return
         if not isinstance(args, dict):
             self.add(child_path(path, "arguments"), "arguments must be a mapping")
+            return
+        if not (self.allow_code or consent.may_import(module)):
+            # importing runs the module: only located until the run is consented
+            if not consent.locatable(module):
+                self.add(child_path(path, "module"), f"cannot import {module}: no module "
+                         f"named {module.split('.', 1)[0]}")
+            else:
+                self.notes.append(f"{module} is not imported before consent (importing runs "
+                                  f"it): {func}() and its arguments are checked with "
+                                  "--allow-code")
             return
         try:
             fn = getattr(importlib.import_module(module), func)
@@ -354,6 +391,10 @@ class Checker:
             self.faults.append((act["name"], name))
         if act.get("background"):
             self.add(child_path(path, "fault"), "faults cannot run in the background")
+        args = p.get("arguments") or {}
+        launches = fault.launches(fault.with_defaults(args)) if isinstance(args, dict) else None
+        if launches:
+            self.code.append(consent.CodeActivity(path, str(act.get("name")), name, launches))
 
     def _detect(self, spec, path: str, query: bool = False) -> None:
         if not isinstance(spec, dict):
@@ -371,8 +412,11 @@ class Checker:
             self.add(child_path(path, sub) if sub else path, msg)
 
 
-def validate(doc: Document) -> tuple[list[Problem], Experiment | None]:
-    checker = Checker(doc)
+def validate(doc: Document, allow_code: bool = False) -> tuple[list[Problem],
+                                                                 Experiment | None]:
+    """allow_code: the user consented to running code, so python providers'
+    modules may be imported to check their functions and arguments."""
+    checker = Checker(doc, allow_code)
     exp = checker.run()
     problems = sorted(checker.problems, key=lambda p: (p.line or 0, p.path))
     return problems, exp
