@@ -86,11 +86,11 @@ def test_a_dry_run_needs_no_consent_and_shows_the_code(tmp_path):
     assert not made.exists()
 
 
-def test_code_in_a_probe_tolerance_and_a_launched_job_needs_consent_too(tmp_path, capsys):
+def test_code_in_a_tolerance_a_process_probe_and_a_launched_job_is_listed_too(tmp_path, capsys):
     made = tmp_path / "made"
     path = write(tmp_path, f"""\
 title: hidden code
-description: a probe tolerance runs a program; gpu.nccl launches a job
+description: a probe tolerance and a detection run a program; gpu.nccl launches a job
 steady-state-hypothesis:
   title: t
   probes:
@@ -103,10 +103,15 @@ method:
     name: job
     provider: {{type: tracehound, fault: gpu.nccl, arguments: {{command: [touch, "{made}"],
                mode: ib_disable}}}}
+  - type: probe
+    name: see-it
+    provider: {{type: tracehound, detect: {{source: process, command: [touch, "{made}"],
+               predicate: "> 0"}}}}
 """)
     assert cli.main(["chaos", "validate", str(path)]) == 0
     out = capsys.readouterr().out
-    assert "RUNS CODE: 2 activities" in out
+    assert "RUNS CODE: 3 activities" in out
+    assert f"method[1].provider 'see-it': detect (process source) touch {made}" in out
     assert f"tolerance.provider 'looks-harmless': process {TOUCH}" in out
     assert "method[0].provider 'job': gpu.nccl touch" in out
 

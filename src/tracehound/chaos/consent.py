@@ -2,9 +2,10 @@
 
 Chaos Toolkit's `python` provider calls any function of any importable module
 and its `process` provider runs any program (a string of arguments goes
-through the shell); gpu.nccl launches the job it is given. Run as root, each
-is arbitrary code as root, so `chaos validate` lists them and `chaos run`
-runs them only with --allow-code. Importing a module runs its top-level code
+through the shell); a detection or query probe with `source: process` runs
+its command at every reading; gpu.nccl launches the job it is given. Run as
+root, each is arbitrary code as root, so `chaos validate` lists them and
+`chaos run` runs them only with --allow-code. Importing a module runs its top-level code
 too: before consent, validation imports only modules already loaded and
 tracehound's own, and merely locates the others.
 """
@@ -51,6 +52,12 @@ def describe(provider: dict) -> str:
     except (TypeError, AttributeError, KeyError):
         return str(provider.get("path"))
     return argv if shell else shlex.join(argv)
+
+
+def command_line(argv) -> str:
+    if isinstance(argv, list):
+        return shlex.join(str(x) for x in argv)
+    return str(argv)
 
 
 def may_import(module: str) -> bool:

@@ -369,6 +369,12 @@ class Checker:
             self._detect(p["detect"], child_path(path, "detect"))
         else:
             self._detect(p, path, query=True)
+        spec = p["detect"] if mode == "detect" else p
+        if isinstance(spec, dict) and spec.get("source") == "process":
+            # a process source runs its command at every reading
+            self.code.append(consent.CodeActivity(path, str(act.get("name")),
+                                                  f"{mode} (process source)",
+                                                  consent.command_line(spec.get("command"))))
 
     def _fault(self, p, path, act, section, hypothesis) -> None:
         name = p["fault"]

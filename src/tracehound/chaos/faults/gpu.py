@@ -222,9 +222,7 @@ class NcclFault(Fault):
 
     def launches(self, args):
         command = args.get("command")
-        if isinstance(command, list):
-            return shlex.join(str(x) for x in command)
-        return None
+        return shlex.join(str(x) for x in command) if isinstance(command, list) else None
 
     def availability(self):
         # NCCL runs on NVIDIA GPUs only: without the driver a job has nothing to misconfigure
