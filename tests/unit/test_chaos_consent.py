@@ -6,6 +6,9 @@ tests (root in CI), through the real CLI."""
 import os
 import shutil
 import subprocess
+from types import SimpleNamespace
+
+import pytest
 
 from tests.conftest import tracehound_cmd
 from tracehound import cli
@@ -35,12 +38,17 @@ def write(tmp_path, text: str):
     return path
 
 
-def th(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run(tracehound_cmd() + ["chaos", *args], capture_output=True, text=True,
-                          timeout=60)
+@pytest.fixture
+def th(capsys):
+    """`tracehound chaos ARGS` in this process (quicker), as a CompletedProcess."""
+    def go(*args: str):
+        code = cli.main(["chaos", *args])
+        out, err = capsys.readouterr()
+        return SimpleNamespace(returncode=code, stdout=out, stderr=err)
+    return go
 
 
-def test_run_without_consent_refuses_before_anything_runs(tmp_path):
+def test_run_without_consent_refuses_before_anything_runs(tmp_path, th):
     made = tmp_path / "made"
     path = write(tmp_path, EXPERIMENT.format(made=made))
     res = th("run", str(path), "--journal", str(tmp_path / "j"), "--report", str(tmp_path / "r"))
@@ -55,7 +63,7 @@ def test_run_without_consent_refuses_before_anything_runs(tmp_path):
     assert not (tmp_path / "j").exists() and not (tmp_path / "r").exists()
 
 
-def test_run_with_consent_runs_the_code(tmp_path):
+def test_run_with_consent_runs_the_code(tmp_path, th):
     made = tmp_path / "made"
     path = write(tmp_path, EXPERIMENT.format(made=made))
     res = th("run", str(path), "--allow-code", "--journal", str(tmp_path / "j"),
@@ -64,7 +72,7 @@ def test_run_with_consent_runs_the_code(tmp_path):
     assert made.exists()
 
 
-def test_validate_lists_every_activity_that_runs_code(tmp_path):
+def test_validate_lists_every_activity_that_runs_code(tmp_path, th):
     made = tmp_path / "made"
     path = write(tmp_path, EXPERIMENT.format(made=made))
     res = th("validate", str(path))
@@ -76,7 +84,7 @@ def test_validate_lists_every_activity_that_runs_code(tmp_path):
     assert not made.exists()
 
 
-def test_a_dry_run_needs_no_consent_and_shows_the_code(tmp_path):
+def test_a_dry_run_needs_no_consent_and_shows_the_code(tmp_path, th):
     made = tmp_path / "made"
     path = write(tmp_path, EXPERIMENT.format(made=made))
     res = th("run", str(path), "--dry-run")
