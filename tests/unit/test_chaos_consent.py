@@ -172,3 +172,16 @@ method:
                          capture_output=True, text=True, env=env, timeout=60)
     assert res.returncode == 0, res.stderr
     assert made.exists()
+
+
+def test_a_main_module_is_not_imported_before_consent(tmp_path, th):
+    """tracehound.__main__ runs the CLI when imported: located only."""
+    path = write(tmp_path, """\
+title: imports a program
+description: importing tracehound.__main__ would run tracehound itself
+method:
+  - {type: action, name: m, provider: {type: python, module: tracehound.__main__, func: main}}
+""")
+    res = th("validate", str(path))
+    assert res.returncode == 0, res.stderr
+    assert "tracehound.__main__ is not imported before consent" in res.stdout

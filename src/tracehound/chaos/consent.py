@@ -61,7 +61,10 @@ def command_line(argv) -> str:
 
 
 def may_import(module: str) -> bool:
-    """Whether validation may import module before consent: importing runs it."""
+    """Whether validation may import module before consent: importing runs it
+    (a __main__ module runs a whole program)."""
+    if "__main__" in module.split("."):
+        return False
     return module in sys.modules or module == "tracehound" or module.startswith("tracehound.")
 
 
