@@ -69,7 +69,12 @@ def plant_only_garbage(path):
     path.write_bytes(b"\xff\xfe not a journal \x00\n" * 3)
 
 
-PLANTS = {"json-list": (plant_list, "is a JSON list, not a record"),
+def plant_deep(path):
+    path.write_text("[" * 200_000 + "]" * 200_000 + "\n")
+
+
+PLANTS = {"deep": (plant_deep, "is nested too deep"),
+          "json-list": (plant_list, "is a JSON list, not a record"),
           "wrong-shape": (plant_wrong_shape, "'state' of a fault record must be dict"),
           "directory": (plant_directory, "is not a regular file"),
           "fifo": (plant_fifo, "is not a regular file (a FIFO)"),

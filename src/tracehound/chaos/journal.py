@@ -186,6 +186,8 @@ def parse_records(raw: bytes) -> list[dict]:
         except ValueError:
             torn += 1
             continue
+        except RecursionError:      # nesting no run writes
+            raise BadJournal(f"line {number} is nested too deep") from None
         if not isinstance(record, dict):
             raise BadJournal(f"line {number} is a JSON {type(record).__name__}, not a record")
         event = record.get("event")
