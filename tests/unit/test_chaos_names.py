@@ -31,21 +31,25 @@ CASES = [
     ("io.errors", "{dm_name: --help}", "dm_name", "must not start with '-'"),
     ("rdma.cgroup", "{cgroup: /j, device: 'rxe0 hca_handle=max'}", "device",
      "must not contain whitespace"),
-    ("proc.kill", "{cgroup: /.}", "", "must not contain '..' or '.'"),
-    ("proc.stress", "{cgroup: /a/./b}", "", "must not contain '..' or '.'"),
+    ("proc.kill", "{cgroup: /.}", "cgroup", "must not contain '..' or '.'"),
+    ("proc.stress", "{cgroup: /a/./b}", "cgroup", "must not contain '..' or '.'"),
+    ("io.throttle", "{cgroup: /x/.., device: /dev/vda, wbps: 1}", "cgroup",
+     "must not contain '..' or '.'"),
+    ("net.loss", "{interface: eth0, netns: n, percent: 5, cgroup: /.}", "cgroup",
+     "must not contain '..' or '.'"),
+    ("rdma.cgroup", "{cgroup: /./, device: rxe0}", "cgroup", "must not contain '..' or '.'"),
 ]
 
 
 @pytest.mark.parametrize("name,args,field,fragment", CASES,
-                         ids=[f"{c[0]}-{c[2] or 'cgroup'}-{i}" for i, c in enumerate(CASES)])
+                         ids=[f"{c[0]}-{c[2]}-{i}" for i, c in enumerate(CASES)])
 def test_a_path_in_place_of_a_name_is_refused(name, args, field, fragment, tmp_path, capsys,
                                               no_faults_touched):
     path = tmp_path / "e.yaml"
     path.write_text(method(fault(name, args)))
     assert cli.main(["chaos", "validate", str(path)]) == 2
     err = capsys.readouterr().err
-    where = "method[0].provider.arguments" + (f".{field}" if field else "")
-    assert f"{where}: " in err and fragment in err, err
+    assert f"method[0].provider.arguments.{field}: " in err and fragment in err, err
     assert cli.main(["chaos", "run", str(path), "--dry-run"]) == 2
     out, err = capsys.readouterr()
     assert "would affect" not in out and "nothing was run" in err

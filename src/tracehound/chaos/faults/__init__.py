@@ -87,7 +87,8 @@ def target_args(default_max: int = 1) -> dict[str, Arg]:
         "pid": Arg(int, "target process id", minimum=2),
         "name": Arg(str, "regular expression matched against the process name (comm) "
                          "or its full command line"),
-        "cgroup": Arg(str, "every process in this cgroup v2 path (e.g. /thtest/job1)"),
+        "cgroup": Arg(str, "every process in this cgroup v2 path (e.g. /thtest/job1)",
+                      grammar=names.cgroup_path),
         "max_targets": Arg(int, "blast radius: refuse when more processes match",
                            default=default_max, minimum=1),
     }

@@ -11,6 +11,7 @@ NAME_MAX = 255          # a file name (ip netns keeps namespaces as files)
 IFNAMSIZ = 16           # the kernel's interface names, NUL included
 DM_NAME_LEN = 128       # device-mapper names, NUL included
 IB_DEVICE_NAME_MAX = 64 # RDMA device names, NUL included
+PATH_MAX = 4096
 _ASCII_SPACE = " \t\n\v\f\r"
 
 
@@ -64,3 +65,21 @@ def dm_name(value: str) -> str | None:
 
 def rdma_device(value: str) -> str | None:
     return _plain_word(value, "an RDMA device name", IB_DEVICE_NAME_MAX - 1)
+
+
+def cgroup_path(path: str) -> str | None:
+    """A path below the cgroup v2 root: every part a name ('/.' would be the
+    root cgroup itself, '..' a way out), within the kernel's limits."""
+    if not path.startswith("/"):
+        return f"cgroup '{path}' must be a path from the cgroup v2 root, starting with /"
+    parts = [p for p in path.split("/") if p]
+    if ".." in parts or "." in parts:
+        return f"cgroup '{path}' must not contain '..' or '.': each part is a name"
+    if "\0" in path:
+        return f"cgroup {path!r} must not contain a NUL byte"
+    if len(path.encode("utf-8", "surrogateescape")) >= PATH_MAX or any(
+            len(p.encode("utf-8", "surrogateescape")) > NAME_MAX for p in parts):
+        return f"cgroup '{path[:64]}...' is longer than a path or a name may be"
+    if not parts:
+        return "the root cgroup holds every process on the host: name a child cgroup"
+    return None

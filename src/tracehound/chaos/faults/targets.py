@@ -83,30 +83,12 @@ def check_target_args(args: dict) -> list[str]:
             re.compile(args["name"])
         except re.error as exc:
             return [f"name is not a valid regular expression: {exc}"]
-    if args.get("cgroup") is not None:
-        return check_cgroup_path(args["cgroup"])
-    return []
-
-
-PATH_MAX = 4096
+    return []           # a cgroup path is checked as the argument's grammar
 
 
 def check_cgroup_path(path: str) -> list[str]:
-    """A path below the cgroup v2 root: every part a name ('/.' would be the
-    root cgroup itself, '..' a way out), within the kernel's limits."""
-    if not path.startswith("/"):
-        return [f"cgroup '{path}' must be a path from the cgroup v2 root, starting with /"]
-    parts = [p for p in path.split("/") if p]
-    if ".." in parts or "." in parts:
-        return [f"cgroup '{path}' must not contain '..' or '.': each part is a name"]
-    if "\0" in path:
-        return [f"cgroup {path!r} must not contain a NUL byte"]
-    if len(path.encode("utf-8", "surrogateescape")) >= PATH_MAX or any(
-            len(p.encode("utf-8", "surrogateescape")) > 255 for p in parts):
-        return [f"cgroup '{path[:64]}...' is longer than a path or a name may be"]
-    if not parts:
-        return ["the root cgroup holds every process on the host: name a child cgroup"]
-    return []
+    why = names.cgroup_path(path)
+    return [why] if why else []
 
 
 def resolve_processes(args: dict) -> list[Proc]:
