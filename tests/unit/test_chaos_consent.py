@@ -48,10 +48,14 @@ def th(capsys):
     return go
 
 
-def test_run_without_consent_refuses_before_anything_runs(tmp_path, th):
+def test_run_without_consent_refuses_before_anything_runs(tmp_path):
+    """The installed command, as an operator runs it (root in CI)."""
     made = tmp_path / "made"
     path = write(tmp_path, EXPERIMENT.format(made=made))
-    res = th("run", str(path), "--journal", str(tmp_path / "j"), "--report", str(tmp_path / "r"))
+    res = subprocess.run(tracehound_cmd() + ["chaos", "run", str(path), "--journal",
+                                             str(tmp_path / "j"), "--report",
+                                             str(tmp_path / "r")],
+                         capture_output=True, text=True, timeout=60)
     assert res.returncode == 1, res.stdout + res.stderr
     assert "refusing" in res.stderr and "without --allow-code" in res.stderr
     for named in (f"method[0].provider 'touch-it': process {TOUCH} {made}",
