@@ -136,7 +136,7 @@ def run_once(url: str, name: str, interval: float, work: str,
            **(env or {})}
     log = os.path.join(work, f"{name}.log")
     with open(log, "w") as out:
-        subprocess.run(tracehound() + ["chaos", "run", path, "--yes", "--journal",
+        subprocess.run(tracehound() + ["chaos", "run", path, "--yes", "--allow-code", "--journal",
                                        os.path.join(work, f"{name}-journal"), "--report", out_dir],
                        env=env, stdout=out, stderr=subprocess.STDOUT, timeout=600)
     reports = glob.glob(os.path.join(out_dir, "*-journal.json"))

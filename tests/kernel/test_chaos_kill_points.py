@@ -181,7 +181,7 @@ def start_run(s: dict, name: str, wrapper: tuple[str, ...] = ()) -> tuple[subpro
     journal = f"{s['tmp']}/journal-{name}"
     log = open(f"{s['tmp']}/run-{name}.log", "w")
     proc = subprocess.Popen([*wrapper, *tracehound_cmd(), "chaos", "run", s["experiment"],
-                             "--yes", "--journal", journal, "--report",
+                             "--yes", "--allow-code", "--journal", journal, "--report",
                              f"{s['tmp']}/report-{name}", "--no-plot"],
                             stdout=log, stderr=subprocess.STDOUT)
     log.close()

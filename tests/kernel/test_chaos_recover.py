@@ -91,8 +91,9 @@ def test_sigkill_mid_fault_then_recover_restores_everything():
         path = f"{tmp}/experiment.yaml"
         with open(path, "w") as f:
             f.write(EXPERIMENT.format(**s))
-        proc = subprocess.Popen(tracehound_cmd() + ["chaos", "run", path, "--yes", "--journal",
-                                                    journal, "--report", f"{tmp}/report"],
+        proc = subprocess.Popen(tracehound_cmd() + ["chaos", "run", path, "--yes",
+                                                    "--allow-code", "--journal", journal,
+                                                    "--report", f"{tmp}/report"],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         deadline = time.monotonic() + 60
         while applied_count(journal) < 6 and time.monotonic() < deadline:
@@ -166,8 +167,9 @@ def test_sigkill_then_recover_runs_the_experiments_own_rollbacks():
     with open(path, "w") as f:
         f.write(HELPER_EXPERIMENT.format(cgroup=cgroup, data=data))
     try:
-        proc = subprocess.Popen(tracehound_cmd() + ["chaos", "run", path, "--yes", "--journal",
-                                                    journal, "--report", f"{tmp}/report"],
+        proc = subprocess.Popen(tracehound_cmd() + ["chaos", "run", path, "--yes",
+                                                    "--allow-code", "--journal", journal,
+                                                    "--report", f"{tmp}/report"],
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         deadline = time.monotonic() + 60
         while not (os.path.isdir(cg_dir) and cgroup_procs(cg_dir) and os.listdir(data)):

@@ -108,10 +108,11 @@ rollbacks:
 
 
 def run(tmp_path, text, *extra):
+    """The experiments here run `true`, `test` and record_call(): consented."""
     path = tmp_path / "exp.yaml"
     path.write_text(text)
-    return cli.main(["chaos", "run", str(path), "--journal", str(tmp_path / "journal"),
-                     "--report", str(tmp_path / "report"), *extra])
+    return cli.main(["chaos", "run", str(path), "--allow-code", "--journal",
+                     str(tmp_path / "journal"), "--report", str(tmp_path / "report"), *extra])
 
 
 def test_full_run_journals_detects_rolls_back_and_reports(tmp_path, test_faults, capsys):

@@ -315,7 +315,8 @@ def test_every_problem_is_reported_not_just_the_first(tmp_path, capsys):
     assert cli.main(["chaos", "validate", str(path)]) == 2
     err = capsys.readouterr().err
     for fragment in ("'title' is missing", "needs argument 'cgroup'", "device: must be a "
-                     "string", "must be a comparison", "4 problem(s)"):
+                     "string", "give at least one limit", "must be a comparison",
+                     "5 problem(s)"):
         assert fragment in err, err
 
 

@@ -34,8 +34,8 @@ class ChaosRun:
         env = {**os.environ, "CHAOS_HOLD_SECONDS": "1", "CHAOS_DETECT_TIMEOUT": "45",
                "MPLCONFIGDIR": MPL_DIR, **env}
         proc = subprocess.Popen(
-            [*TRACEHOUND, "chaos", "run", str(EXAMPLES / name), "--yes", "--journal",
-             self.journal, "--report", f"{self.tmp}/report", "--no-plot"],
+            [*TRACEHOUND, "chaos", "run", str(EXAMPLES / name), "--yes", "--allow-code",
+             "--journal", self.journal, "--report", f"{self.tmp}/report", "--no-plot"],
             env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         out, err = rg.Lines(proc.stdout), rg.Lines(proc.stderr)
         self.seen: list = []

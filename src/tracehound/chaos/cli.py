@@ -7,6 +7,9 @@ import sys
 from .journal import DEFAULT_DIR
 
 EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_ROLLBACK, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_QUARANTINED = 4      # recover: every good journal done, a bad one moved aside
+ALLOW_CODE_HELP = ("consent to the experiment's python and process providers (and "
+                   "gpu.nccl's job): they run any code, as root under sudo")
 
 def out(line: str) -> None:
     print(line, flush=True)
@@ -26,6 +29,9 @@ def add_parser(sub, hook=None) -> None:
     actions = chaos.add_subparsers(dest="chaos_command", metavar="ACTION")
     v = actions.add_parser("validate", help="check an experiment file; explain every problem")
     v.add_argument("file")
+    v.add_argument("--allow-code", action="store_true",
+                   help="also import python providers' modules to check their functions "
+                        "and arguments (importing runs the module's code)")
     v.set_defaults(handler=cmd_validate)
     r = actions.add_parser("run", help="run an experiment (destructive faults need --yes)")
     r.add_argument("file")
@@ -33,6 +39,7 @@ def add_parser(sub, hook=None) -> None:
                    help="show what would be done (targets, blast radius) and change nothing")
     r.add_argument("--yes", action="store_true",
                    help="really apply destructive faults (without it they are a dry run)")
+    r.add_argument("--allow-code", action="store_true", help=ALLOW_CODE_HELP)
     r.add_argument("--journal", default=DEFAULT_DIR, metavar="DIR",
                    help=f"fault journal directory (default {DEFAULT_DIR})")
     r.add_argument("--report", default="chaos-reports", metavar="DIR",
@@ -51,10 +58,12 @@ def add_parser(sub, hook=None) -> None:
     chaos.set_defaults(handler=lambda _args: chaos.print_help() or EXIT_INVALID)
 
 
-def _load(path: str):
-    """(experiment, None) or (None, exit code) after printing every problem."""
+def _load(path: str, allow_code: bool = False, trusted_only: bool = False):
+    """(experiment, None) or (None, exit code) after printing every problem.
+    trusted_only: refuse a file others could have written (root runs)."""
     from .document import DocumentError, load
     from .schema import validate
+    from .trust import UntrustedFile, check_directories, check_stat
     try:
         doc = load(path)
     except DocumentError as exc:
@@ -62,7 +71,15 @@ def _load(path: str):
         err(f"{where}: {exc.message}")
         err(f"{path}: not a usable experiment; nothing was run")
         return None, EXIT_INVALID
-    problems, exp = validate(doc)
+    if trusted_only:
+        try:   # before validation: with consent, that imports modules the file names
+            check_stat(doc.stat, path, "the experiment")
+            check_directories(os.path.dirname(os.path.abspath(path)), "experiment")
+        except UntrustedFile as exc:
+            err(f"tracehound: chaos run: refusing {path}: {exc}")
+            err(f"{path}: someone besides root and you could have written it; nothing was run")
+            return None, EXIT_FAILED
+    problems, exp = validate(doc, allow_code)
     for p in problems:
         err(p.format(path))
     if problems:
@@ -71,20 +88,32 @@ def _load(path: str):
     return exp, None
 
 
+def _code_lines(exp) -> list[str]:
+    return [f"  {c.line()}" for c in exp.code]
+
+
 def cmd_validate(args) -> int:
-    exp, code = _load(args.file)
+    exp, code = _load(args.file, args.allow_code)
     if exp is None:
         return code
     faults = ", ".join(f for _, f in exp.faults) or "none"
     out(f"{args.file}: valid experiment '{exp.title}': {len(exp.method)} method "
         f"activities, {len(exp.rollbacks)} rollback(s), faults: {faults}")
+    if exp.code:
+        out(f"{args.file}: RUNS CODE: {len(exp.code)} activities run programs or Python "
+            "code of the file's choosing, as the user running tracehound (root for faults); "
+            "'chaos run' needs --allow-code:")
+        for line in _code_lines(exp):
+            out(line)
+    else:
+        out(f"{args.file}: runs no code of its own (no python or process provider)")
     for note in exp.notes:
         out(f"{args.file}: note: {note}")
     return EXIT_OK
 
 
 def cmd_run(args) -> int:
-    exp, code = _load(args.file)
+    exp, code = _load(args.file, args.allow_code, trusted_only=os.geteuid() == 0)
     if exp is None:
         return code
     unavailable = [(a, f, exp.availability[f].reason) for a, f in exp.faults
@@ -98,15 +127,26 @@ def cmd_run(args) -> int:
     if unavailable:
         err(f"{args.file}: nothing was run")
         return EXIT_FAILED
+    if exp.code and not args.allow_code:
+        err(f"tracehound: chaos run: refusing {args.file} without --allow-code: "
+            f"{len(exp.code)} activities run code of the file's choosing:")
+        for line in _code_lines(exp):
+            err(line)
+        err(f"{args.file}: read them, then pass --allow-code to consent; nothing was run")
+        return EXIT_FAILED
     if exp.faults and os.geteuid() != 0:
         err("tracehound: chaos run: applying faults needs root")
         return EXIT_FAILED
     from .recovery import recover
+    from .trust import UntrustedFile
     try:
-        _, failed = recover(args.journal, out, err)
+        _, failed, _ = recover(args.journal, out, err)
     except PermissionError as exc:
         err(f"tracehound: chaos run: cannot read the journal {exc.filename}: {exc.strerror} "
             "(pass --journal DIR for one of your own)")
+        return EXIT_FAILED
+    except UntrustedFile as exc:
+        err(f"tracehound: chaos run: refusing the journal: {exc}")
         return EXIT_FAILED
     if failed:
         err("tracehound: faults from an earlier run could not be rolled back; fix that "
@@ -119,6 +159,9 @@ def cmd_run(args) -> int:
         paths = report.write(record, args.report, plot=not args.no_plot)
     except OSError as exc:   # journal or report directory unusable
         err(f"tracehound: chaos run: {exc.filename or ''}: {exc.strerror}")
+        return EXIT_FAILED
+    except UntrustedFile as exc:
+        err(f"tracehound: chaos run: refusing the journal: {exc}")
         return EXIT_FAILED
     out(f"tracehound: experiment '{exp.title}': {record['status']}")
     for kind, path in paths.items():
@@ -164,23 +207,37 @@ def _plan(exp, args, explicit: bool) -> int:
                                    else f"none ({det.note})"))
     for act in exp.rollbacks:
         out(f"  rollback '{act['name']}' ({act['provider']['type']})")
+    if exp.code:
+        out(f"  runs code: {len(exp.code)} activities run code of the file's choosing"
+            + ("" if args.allow_code else " (a real run needs --allow-code)") + ":")
+        for line in _code_lines(exp):
+            out("  " + line)
     return EXIT_OK
 
 
 def cmd_recover(args) -> int:
     from .recovery import recover
+    from .trust import UntrustedFile
     try:
-        done, failed = recover(args.journal, out, err)   # a missing journal: nothing to do
+        done, failed, bad = recover(args.journal, out, err)   # a missing journal: nothing
     except PermissionError as exc:
         err(f"tracehound: error: cannot recover: {exc.filename}: {exc.strerror} "
             "(the journal is root's: run as root)")
+        return EXIT_FAILED
+    except UntrustedFile as exc:
+        err(f"tracehound: error: cannot recover: refusing the journal: {exc}")
         return EXIT_FAILED
     if not done and not failed:
         out("tracehound: nothing to recover: no dead run left a fault applied "
             "or a rollback not run")
     else:
         out(f"tracehound: recovered {done} fault(s) and rollback(s), {failed} failed")
-    return EXIT_ROLLBACK if failed else EXIT_OK
+    if bad:
+        out(f"tracehound: {len(bad)} bad journal(s) quarantined: "
+            + ", ".join(q.moved_to or q.path for q in bad))
+    if failed:
+        return EXIT_ROLLBACK
+    return EXIT_QUARANTINED if bad else EXIT_OK
 
 
 def cmd_list(args) -> int:

@@ -13,6 +13,8 @@ from dataclasses import dataclass, field
 
 import yaml
 
+from . import trust
+
 MAX_FILE_BYTES = 1 << 20          # an experiment is a few KiB; 1 MiB is generous
 MAX_NODES = 100_000               # values after alias expansion (YAML bombs)
 MAX_DEPTH = 64                    # nesting, recursive aliases included
@@ -30,6 +32,7 @@ class Document:
     path: str
     data: object
     lines: dict[str, int] = field(default_factory=dict)
+    stat: os.stat_result | None = None     # of the file it was read from
 
     def line(self, path: str) -> int | None:
         """Line of the value at path, or of its nearest parent that has one."""
@@ -50,22 +53,33 @@ def child_path(parent: str, key) -> str:
 
 
 def load(path: str) -> Document:
+    """The experiment at path: a regular file (not a symbolic link, FIFO or
+    device: see trust.py), read up to MAX_FILE_BYTES. The file's stat is kept
+    for the checks a root run makes on who could have written it."""
     try:
-        size = os.path.getsize(path)
-        if size > MAX_FILE_BYTES:
-            raise DocumentError(f"file is {size} bytes; experiments are limited to "
-                                f"{MAX_FILE_BYTES} bytes")
-        with open(path, "rb") as f:
-            raw = f.read(MAX_FILE_BYTES + 1)
+        fd, st = trust.open_regular(path)
+    except trust.UntrustedFile as exc:
+        raise DocumentError(str(exc)) from None
     except OSError as exc:
         raise DocumentError(f"cannot read {path}: {exc.strerror}") from None
+    try:
+        if st.st_size > MAX_FILE_BYTES:
+            raise DocumentError(f"file is {st.st_size} bytes; experiments are limited to "
+                                f"{MAX_FILE_BYTES} bytes")
+        raw = trust.read_bounded(fd, MAX_FILE_BYTES)
+    except OSError as exc:
+        raise DocumentError(f"cannot read {path}: {exc.strerror}") from None
+    finally:
+        os.close(fd)
     if len(raw) > MAX_FILE_BYTES:
         raise DocumentError(f"file is larger than {MAX_FILE_BYTES} bytes")
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise DocumentError(f"not UTF-8 text (byte {exc.start})") from None
-    return loads(text, path)
+    doc = loads(text, path)
+    doc.stat = st
+    return doc
 
 
 def loads(text: str, path: str = "<string>") -> Document:

@@ -6,6 +6,13 @@ Lines: run-start, fault (intent, with the state rollback needs: written
 BEFORE apply), applied (facts learned while applying), rolled-back,
 rollback-failed, run-end. A live run holds an exclusive flock on its file;
 recovery only touches files nobody holds, i.e. runs that died.
+
+A journal tells root what to undo and which declared rollbacks (programs) to
+run, so it is trusted only as far as trust.py allows: the directory must be
+root's (or the user's) and writable by nobody else; a journal is opened only
+as a regular file (never a symbolic link, FIFO or directory), read up to
+MAX_JOURNAL_BYTES and parsed record by record. One that fails is moved into
+quarantine/ and reported; it never stops the recovery of the others.
 """
 from __future__ import annotations
 
@@ -19,7 +26,22 @@ import time
 import uuid
 from dataclasses import dataclass, field
 
+from . import trust
+
 DEFAULT_DIR = "/var/lib/tracehound/chaos"
+QUARANTINE = "quarantine"
+# a fault record is a few hundred bytes, declared rollbacks at most an
+# experiment (1 MiB): a journal past this was not written by a run
+MAX_JOURNAL_BYTES = 8 << 20
+
+
+class BadJournal(Exception):
+    """A journal that cannot be trusted or understood; says why."""
+
+
+def check_directory(directory: str) -> None:
+    """Raise trust.UntrustedFile if others could plant or change journals."""
+    trust.check_directories(directory, "journal directory")
 
 
 def new_run_id() -> str:
@@ -37,8 +59,11 @@ def _fsync_dir(path: str) -> None:
 class Journal:
     def __init__(self, directory: str, run_id: str, title: str, source: str):
         os.makedirs(directory, mode=0o700, exist_ok=True)
+        check_directory(directory)
         self.path = os.path.join(directory, f"{run_id}.jsonl")
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        # a new file of our own: never an existing one, never through a link
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_APPEND
+                           | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
         fcntl.flock(self._fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         _fsync_dir(directory)
         self.write({"event": "run-start", "run": run_id, "pid": os.getpid(),
@@ -49,6 +74,10 @@ class Journal:
         """Append to a dead run's file (recovery), under the lock it holds."""
         self = cls.__new__(cls)
         self.path, self._fd = path, fd
+        # a line torn by the kill must not swallow the first record added now
+        end = os.lseek(fd, 0, os.SEEK_END)
+        if end and os.pread(fd, 1, end - 1) != b"\n":
+            os.write(fd, b"\n")
         return self
 
     def write(self, record: dict) -> None:
@@ -112,15 +141,84 @@ class DeadRun:
 
 
 def read_records(path: str) -> list[dict]:
-    """The journal's records; a torn last line (killed mid-write) is skipped."""
-    out = []
-    with open(path, "rb") as f:
-        for raw in f:
-            try:
-                out.append(json.loads(raw))
-            except ValueError:
-                continue
+    """The journal's records (see parse_records). Raises BadJournal."""
+    try:
+        fd, _ = trust.open_regular(path)
+    except trust.UntrustedFile as exc:
+        raise BadJournal(str(exc)) from None
+    try:
+        return parse_records(_read(fd, path))
+    finally:
+        os.close(fd)
+
+
+def _read(fd: int, path: str) -> bytes:
+    raw = trust.read_bounded(fd, MAX_JOURNAL_BYTES)
+    if len(raw) > MAX_JOURNAL_BYTES:
+        raise BadJournal(f"{path} is larger than {MAX_JOURNAL_BYTES} bytes")
+    return raw
+
+
+# fields recovery reads, with the types it needs, by event; fault records
+# must have _REQUIRED, the rest may be absent or null
+_FIELDS = {
+    "run-start": {"run": str, "title": str, "pid": int},
+    "fault": {"id": str, "action": str, "fault": str, "state": dict, "targets": list},
+    "applied": {"id": str, "extra": dict},
+    "rolled-back": {"id": str},
+    "rollbacks-declared": {"actions": list},
+    "rollbacks-run": {"failed": list},
+}
+_REQUIRED = {"fault": ("fault", "state")}
+
+
+def parse_records(raw: bytes) -> list[dict]:
+    """Records, one JSON object per line. A line that is not JSON is a write
+    torn by a kill and skipped; a JSON value that is not a record, or a
+    record whose fields recovery reads are of the wrong type, makes the whole
+    journal bad (BadJournal): no run writes one."""
+    out, torn = [], 0
+    for number, line in enumerate(raw.split(b"\n"), 1):
+        if not line.strip():
+            continue
+        try:
+            record = json.loads(line)
+        except ValueError:
+            torn += 1
+            continue
+        except RecursionError:      # nesting no run writes
+            raise BadJournal(f"line {number} is nested too deep") from None
+        if not isinstance(record, dict):
+            raise BadJournal(f"line {number} is a JSON {type(record).__name__}, not a record")
+        event = record.get("event")
+        if not isinstance(event, (str, type(None))):
+            raise BadJournal(f"line {number}: the event must be a string")
+        for key in _REQUIRED.get(event, ()):
+            if record.get(key) is None:
+                raise BadJournal(f"line {number}: a {event} record needs '{key}'")
+        for key, kind in _FIELDS.get(event, {}).items():
+            value = record.get(key)
+            if value is not None and (not isinstance(value, kind) or isinstance(value, bool)):
+                raise BadJournal(f"line {number}: '{key}' of a {event} record must be "
+                                 f"{kind.__name__}, not {type(value).__name__}")
+        _check_nested(record, number)
+        out.append(record)
+    if torn and not out:
+        raise BadJournal("no line is a journal record")
     return out
+
+
+def _check_nested(record: dict, number: int) -> None:
+    event = record.get("event")
+    if event == "fault" and not all(isinstance(t, str) for t in record.get("targets") or []):
+        raise BadJournal(f"line {number}: fault targets must be strings")
+    if event == "rollbacks-declared" and not all(
+            isinstance(a, dict) and isinstance(a.get("provider", {}), dict)
+            for a in record.get("actions") or []):
+        raise BadJournal(f"line {number}: declared rollbacks must be activities")
+    if event == "rollbacks-run" and not all(isinstance(i, int) and not isinstance(i, bool)
+                                            for i in record.get("failed") or []):
+        raise BadJournal(f"line {number}: failed rollbacks must be indexes")
 
 
 def pending_faults(records: list[dict]) -> list[PendingFault]:
@@ -129,8 +227,8 @@ def pending_faults(records: list[dict]) -> list[PendingFault]:
     for r in records:
         event, fid = r.get("event"), r.get("id")
         if event == "fault":
-            faults[fid] = PendingFault(fid, r.get("action", ""), r["fault"], dict(r["state"]),
-                                       r.get("targets", []))
+            faults[fid] = PendingFault(fid, r.get("action") or "", r["fault"], dict(r["state"]),
+                                       r.get("targets") or [])
         elif event == "applied" and fid in faults:
             faults[fid].state.update(r.get("extra") or {})
         elif event == "rolled-back":
@@ -150,11 +248,19 @@ def pending_rollbacks(records: list[dict]) -> list[dict]:
     return actions
 
 
-def dead_runs(directory: str) -> list[DeadRun]:
+@dataclass
+class Quarantined:
+    path: str                 # where the journal was
+    reason: str
+    moved_to: str | None      # None: it could not be moved aside
+
+
+def dead_runs(directory: str, quarantined: list[Quarantined] | None = None) -> list[DeadRun]:
     """Runs whose process is gone and that left faults applied or their
     declared rollbacks not run. Each comes with its file locked; release it
-    with release()."""
-    out = []
+    with release(). A bad journal is moved into quarantine/ and added to
+    `quarantined`; the others are read all the same."""
+    out: list[DeadRun] = []
     # glob() reads an unreadable directory as an empty one: that would be a
     # quiet "nothing to recover" while faults stay applied
     try:
@@ -163,27 +269,75 @@ def dead_runs(directory: str) -> list[DeadRun]:
         return out
     if not os.access(directory, os.R_OK | os.X_OK):
         raise PermissionError(errno.EACCES, "cannot read the journal directory", directory)
-    for path in sorted(glob.glob(os.path.join(directory, "*.jsonl"))):
+    check_directory(directory)
+    for path in sorted(glob.glob(os.path.join(glob.escape(directory), "*.jsonl"))):
         try:
-            fd = os.open(path, os.O_WRONLY | os.O_APPEND)
+            run = _dead_run(path)
         except FileNotFoundError:
             continue            # its run just ended and removed it
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            os.close(fd)        # a live run owns it
+        except BadJournal as exc:
+            moved = quarantine(directory, path, str(exc))
+            if quarantined is not None:
+                quarantined.append(moved)
             continue
-        records = read_records(path)
-        faults = pending_faults(records)
-        rollbacks = pending_rollbacks(records)
-        if not faults and not rollbacks:
-            fcntl.flock(fd, fcntl.LOCK_UN)
-            os.close(fd)
-            continue
-        start = next((r for r in records if r.get("event") == "run-start"), {})
-        out.append(DeadRun(path, fd, start.get("run", os.path.basename(path)),
-                           start.get("title", ""), start.get("pid"), faults, rollbacks))
+        if run is not None:
+            out.append(run)
     return out
+
+
+def _dead_run(path: str) -> DeadRun | None:
+    try:
+        fd, st = trust.open_regular(path, os.O_RDWR | os.O_APPEND)
+    except trust.UntrustedFile as exc:
+        raise BadJournal(str(exc)) from None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)            # a live run owns it
+        return None
+    try:
+        trust.check_stat(st, path, "the journal")
+        records = parse_records(_read(fd, path))
+    except (BadJournal, trust.UntrustedFile, OSError) as exc:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+        if isinstance(exc, OSError):
+            raise
+        raise BadJournal(str(exc)) from None
+    faults = pending_faults(records)
+    rollbacks = pending_rollbacks(records)
+    if not faults and not rollbacks:
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+        return None
+    start = next((r for r in records if r.get("event") == "run-start"), {})
+    return DeadRun(path, fd, start.get("run") or os.path.basename(path),
+                   start.get("title") or "", start.get("pid"), faults, rollbacks)
+
+
+def quarantine(directory: str, path: str, reason: str) -> Quarantined:
+    """Move a bad journal (whatever it is: file, FIFO, link, directory) into
+    quarantine/ under a name not taken yet, so it is kept for a human and no
+    longer read."""
+    qdir = os.path.join(directory, QUARANTINE)
+    try:
+        try:
+            os.mkdir(qdir, 0o700)
+        except FileExistsError:
+            pass
+        st = os.lstat(qdir)
+        if not os.path.isdir(qdir) or os.path.islink(qdir) or st.st_uid != os.geteuid():
+            raise OSError(errno.ENOTDIR, f"{qdir} is not a directory of this user's")
+        base = os.path.basename(path)
+        target, n = os.path.join(qdir, base), 0
+        while os.path.lexists(target):
+            n += 1
+            target = os.path.join(qdir, f"{base}.{n}")
+        os.rename(path, target)
+    except OSError as exc:
+        return Quarantined(path, f"{reason}; it could not be moved aside: "
+                                 f"{exc.strerror or exc}", None)
+    return Quarantined(path, reason, target)
 
 
 def release(run: DeadRun) -> None:

@@ -3,16 +3,23 @@ from __future__ import annotations
 
 from . import faults as catalog
 from . import providers
-from .journal import Journal, dead_runs, release
+from .journal import Journal, Quarantined, dead_runs, release
 
 
-def recover(directory: str, out, err) -> tuple[int, int]:
+def recover(directory: str, out, err) -> tuple[int, int, list[Quarantined]]:
     """Roll back every pending fault of every dead run, newest first, then
     run the experiment's declared rollbacks it never ran (stopping its helper
-    workloads, removing what they made). Returns (done, failed); each
-    failure gets its own stderr line."""
+    workloads, removing what they made). Returns (done, failed, the bad
+    journals moved aside); each failure and each bad journal gets its own
+    stderr line."""
     done = failed = 0
-    for run in dead_runs(directory):
+    quarantined: list[Quarantined] = []
+    runs = dead_runs(directory, quarantined)
+    for bad in quarantined:
+        where = f"moved to {bad.moved_to}" if bad.moved_to else "left where it is"
+        err(f"tracehound: QUARANTINED journal {bad.path} ({where}): {bad.reason}; "
+            "what it recorded is not rolled back: check by hand")
+    for run in runs:
         journal = Journal.adopt(run.path, run.fd)
         out(f"tracehound: recovering run {run.run_id} ('{run.title}', pid {run.pid} is gone): "
             f"{len(run.faults)} fault(s) left applied, "
@@ -35,7 +42,7 @@ def recover(directory: str, out, err) -> tuple[int, int]:
             journal.write({"event": "recovered", "failed": failed})
         finally:
             release(run)
-    return done, failed
+    return done, failed, quarantined
 
 
 def _declared_rollbacks(run, journal, out, err) -> tuple[int, int]:

@@ -3,17 +3,14 @@ its line and why, before anything runs."""
 from __future__ import annotations
 
 import difflib
-import importlib
-import inspect
-import re
-import shutil
 from dataclasses import dataclass, field
 
 from . import config as cfg
 from . import faults as catalog
-from . import tolerance
+from . import consent, tolerance
 from .detection import DETECT_KEYS, QUERY_KEYS, check_spec
 from .document import Document, child_path
+from .provider_checks import PROVIDER_KEYS, ProviderChecks
 
 TOP_KEYS = ("version", "title", "description", "tags", "contributions", "extensions",
             "configuration", "steady-state-hypothesis", "method", "rollbacks")
@@ -23,14 +20,6 @@ UNSUPPORTED = {"secrets": "secrets are not supported: use configuration with typ
                           "before and after the method"}
 ACTIVITY_KEYS = ("type", "name", "provider", "tolerance", "pauses", "background",
                  "description", "ref")
-PROVIDER_KEYS = {
-    "python": ("type", "module", "func", "arguments"),
-    "process": ("type", "path", "arguments", "timeout"),
-    "http": ("type", "url", "method", "headers", "arguments", "timeout", "expected_status",
-             "verify_tls"),
-    "tracehound": ("type", "fault", "arguments", "detect", "rollback") + QUERY_KEYS,
-}
-HTTP_METHODS = ("GET", "POST", "PUT", "PATCH", "DELETE", "HEAD", "OPTIONS")
 MAX_PAUSE = 3600
 
 
@@ -53,6 +42,7 @@ class Experiment:
     method: list
     rollbacks: list
     faults: list = field(default_factory=list)     # (action name, fault name)
+    code: list = field(default_factory=list)       # consent.CodeActivity: runs code
     notes: list = field(default_factory=list)
     # Probed once while validating: some checks shell out or load modules.
     availability: dict[str, catalog.Availability] = field(default_factory=dict)
@@ -67,9 +57,12 @@ def _suggest(word: str, choices) -> str:
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
-class Checker:
-    def __init__(self, doc: Document):
+class Checker(ProviderChecks):
+    def __init__(self, doc: Document, allow_code: bool = False):
         self.doc = doc
+        self.allow_code = allow_code
+        self.code: list[consent.CodeActivity] = []
+        self.notes: list[str] = []
         self.problems: list[Problem] = []
         self.config: dict = {}
         self.fault_actions: list[str] = []
@@ -123,7 +116,8 @@ class Checker:
         if hypothesis:
             hypothesis["probes"] = resolve(hypothesis["probes"])
         exp = Experiment(data["title"], data["description"], hypothesis,
-                         resolve(method), resolve(rollbacks), self.faults)
+                         resolve(method), resolve(rollbacks), self.faults, self.code,
+                         list(self.notes))
         for _, name in self.faults:
             if name not in exp.availability:
                 exp.availability[name] = catalog.get(name).availability()
@@ -196,6 +190,7 @@ class Checker:
             for sub, msg in tolerance.check(act["tolerance"]):
                 self.add(child_path(child_path(path, "tolerance"), sub) if sub else
                          child_path(path, "tolerance"), msg)
+            self._tolerance_probe(act["tolerance"], child_path(path, "tolerance"), act)
         self._pauses(act.get("pauses"), child_path(path, "pauses"))
         if "background" in act and not isinstance(act["background"], bool):
             self.add(child_path(path, "background"), "background must be true or false")
@@ -211,6 +206,9 @@ class Checker:
             return act
         self._keys(provider, ppath, PROVIDER_KEYS[ptype], f"a {ptype} provider")
         getattr(self, f"_{ptype}")(provider, ppath, act, section, hypothesis)
+        if ptype in consent.CODE_PROVIDERS:
+            self.code.append(consent.CodeActivity(ppath, str(name), ptype,
+                                                  consent.describe(provider)))
         return act
 
     def _pauses(self, pauses, path: str) -> None:
@@ -225,81 +223,6 @@ class Checker:
             if v is not None and (not tolerance.is_number(v) or not 0 <= v <= MAX_PAUSE):
                 self.add(child_path(path, key), f"pause must be a number of seconds between "
                          f"0 and {MAX_PAUSE}, not {v!r}")
-
-    def _timeout(self, value, path: str, pair: bool = False) -> None:
-        if value is None:
-            return
-        if pair and isinstance(value, list) and len(value) == 2 and all(
-                tolerance.is_number(x) and x > 0 for x in value):
-            return
-        if not tolerance.is_number(value) or value <= 0:
-            self.add(path, "timeout must be a positive number of seconds"
-                     + (" (or [connect, read])" if pair else ""))
-
-    def _python(self, p, path, act, section, hypothesis) -> None:
-        module, func, args = p.get("module"), p.get("func"), p.get("arguments", {})
-        if not isinstance(module, str) or not re.fullmatch(r"[A-Za-z_][\w.]*", module or ""):
-            self.add(child_path(path, "module"), "module must be a dotted Python module name")
-            return
-        if not isinstance(func, str) or not func.isidentifier():
-            self.add(child_path(path, "func"), "func must be a function name")
-            return
-        if not isinstance(args, dict):
-            self.add(child_path(path, "arguments"), "arguments must be a mapping")
-            return
-        try:
-            fn = getattr(importlib.import_module(module), func)
-        except ImportError as exc:
-            self.add(child_path(path, "module"), f"cannot import {module}: {exc}")
-            return
-        except AttributeError:
-            self.add(child_path(path, "func"), f"{module} has no function {func}")
-            return
-        try:
-            inspect.signature(fn).bind(**args)
-        except TypeError as exc:
-            self.add(child_path(path, "arguments"), f"arguments do not fit {func}(): {exc}")
-        except ValueError:
-            pass  # builtins without a signature: checked when called
-
-    def _process(self, p, path, act, section, hypothesis) -> None:
-        exe = p.get("path")
-        if not isinstance(exe, str) or not exe:
-            self.add(child_path(path, "path"), "a process provider needs the program in 'path'")
-        elif not shutil.which(exe):
-            self.add(child_path(path, "path"), f"'{exe}' is not an executable program here")
-        args = p.get("arguments")
-        ok = (args is None or isinstance(args, str)
-              or isinstance(args, list) and all(isinstance(x, (str, int, float)) for x in args)
-              or isinstance(args, dict) and all(x is None or isinstance(x, (str, int, float))
-                                                for x in args.values()))
-        if not ok:
-            self.add(child_path(path, "arguments"), "arguments must be a string, a list of "
-                     "strings or a mapping of option to value")
-        self._timeout(p.get("timeout"), child_path(path, "timeout"))
-
-    def _http(self, p, path, act, section, hypothesis) -> None:
-        url = p.get("url")
-        if not isinstance(url, str) or not re.match(r"https?://\S+$", url):
-            self.add(child_path(path, "url"), "url must be an http:// or https:// address")
-        method = p.get("method", "GET")
-        if not isinstance(method, str) or method.upper() not in HTTP_METHODS:
-            self.add(child_path(path, "method"), f"method must be one of {', '.join(HTTP_METHODS)}")
-        headers = p.get("headers")
-        if headers is not None and not (isinstance(headers, dict) and all(
-                isinstance(v, str) for v in headers.values())):
-            self.add(child_path(path, "headers"), "headers must map names to strings")
-        if "arguments" in p and not isinstance(p["arguments"], dict):
-            self.add(child_path(path, "arguments"), "arguments must be a mapping")
-        self._timeout(p.get("timeout"), child_path(path, "timeout"), pair=True)
-        exp = p.get("expected_status")
-        codes = exp if isinstance(exp, list) else [exp]
-        if exp is not None and not all(isinstance(c, int) and not isinstance(c, bool)
-                                       and 100 <= c <= 599 for c in codes):
-            self.add(child_path(path, "expected_status"),
-                     "expected_status must be an HTTP status (100-599) or a list of them")
-        if "verify_tls" in p and not isinstance(p["verify_tls"], bool):
-            self.add(child_path(path, "verify_tls"), "verify_tls must be true or false")
 
     def _tracehound(self, p, path, act, section, hypothesis) -> None:
         modes = [k for k in ("fault", "rollback", "detect", "query") if k in p]
@@ -332,6 +255,12 @@ class Checker:
             self._detect(p["detect"], child_path(path, "detect"))
         else:
             self._detect(p, path, query=True)
+        spec = p["detect"] if mode == "detect" else p
+        if isinstance(spec, dict) and spec.get("source") == "process":
+            # a process source runs its command at every reading
+            self.code.append(consent.CodeActivity(path, str(act.get("name")),
+                                                  f"{mode} (process source)",
+                                                  consent.command_line(spec.get("command"))))
 
     def _fault(self, p, path, act, section, hypothesis) -> None:
         name = p["fault"]
@@ -354,6 +283,10 @@ class Checker:
             self.faults.append((act["name"], name))
         if act.get("background"):
             self.add(child_path(path, "fault"), "faults cannot run in the background")
+        args = p.get("arguments") or {}
+        launches = fault.launches(fault.with_defaults(args)) if isinstance(args, dict) else None
+        if launches:
+            self.code.append(consent.CodeActivity(path, str(act.get("name")), name, launches))
 
     def _detect(self, spec, path: str, query: bool = False) -> None:
         if not isinstance(spec, dict):
@@ -371,8 +304,11 @@ class Checker:
             self.add(child_path(path, sub) if sub else path, msg)
 
 
-def validate(doc: Document) -> tuple[list[Problem], Experiment | None]:
-    checker = Checker(doc)
+def validate(doc: Document, allow_code: bool = False) -> tuple[list[Problem],
+                                                                 Experiment | None]:
+    """allow_code: the user consented to running code, so python providers'
+    modules may be imported to check their functions and arguments."""
+    checker = Checker(doc, allow_code)
     exp = checker.run()
     problems = sorted(checker.problems, key=lambda p: (p.line or 0, p.path))
     return problems, exp

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Callable
+
+from . import names
 
 FAULT_MODULES = ("io", "net", "proc", "rdma", "gpu", "gpu_xid", "gpu_nvml", "gpu_dcgm")
 
@@ -30,6 +32,9 @@ class Arg:
     choices: tuple = ()
     minimum: float | None = None
     maximum: float | None = None
+    # for a string that names something (a namespace, an interface): None if
+    # the name fits the grammar of what it names, else why not (names.py)
+    grammar: Callable[[str], str | None] | None = None
 
 
 @dataclass
@@ -82,7 +87,8 @@ def target_args(default_max: int = 1) -> dict[str, Arg]:
         "pid": Arg(int, "target process id", minimum=2),
         "name": Arg(str, "regular expression matched against the process name (comm) "
                          "or its full command line"),
-        "cgroup": Arg(str, "every process in this cgroup v2 path (e.g. /thtest/job1)"),
+        "cgroup": Arg(str, "every process in this cgroup v2 path (e.g. /thtest/job1)",
+                      grammar=names.cgroup_path),
         "max_targets": Arg(int, "blast radius: refuse when more processes match",
                            default=default_max, minimum=1),
     }
@@ -91,8 +97,9 @@ def target_args(default_max: int = 1) -> dict[str, Arg]:
 def interface_args(interface_help: str) -> dict[str, Arg]:
     """Arguments shared by faults aimed at a network interface."""
     return {
-        "interface": Arg(str, interface_help, required=True),
-        "netns": Arg(str, "named network namespace (ip netns) holding the interface"),
+        "interface": Arg(str, interface_help, required=True, grammar=names.interface_name),
+        "netns": Arg(str, "named network namespace (ip netns) holding the interface",
+                     grammar=names.netns_name),
         "allow_host_netns": Arg(bool, "allow an interface of the host's own namespace "
                                       "(it may cut this machine off)", default=False),
     }
@@ -115,6 +122,11 @@ class Fault:
     def check(self, args: dict) -> list[str]:
         """Problems across arguments (types are checked generically)."""
         return []
+
+    def launches(self, args: dict) -> str | None:
+        """The command line of a program of the experiment's choosing this
+        fault runs (it then needs the user's consent), or None."""
+        return None
 
     def availability(self) -> Availability:
         return Availability(True)
@@ -208,6 +220,8 @@ def _check_value(spec: Arg, value) -> str | None:
             return f"must be at most {spec.maximum}, not {value}"
     if isinstance(value, list) and any(not isinstance(x, (str, int, float)) for x in value):
         return "must be a list of strings or numbers"
+    if spec.grammar is not None and isinstance(value, str):
+        return spec.grammar(value)
     return None
 
 

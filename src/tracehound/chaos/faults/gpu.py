@@ -10,15 +10,16 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
 import time
 
-from . import Arg, Availability, Detection, Fault, FaultError, Prepared
+from . import Arg, Availability, Detection, Fault, FaultError, Prepared, names
 from .proc import MARKER, kill_marked
-from .targets import cgroup_dir, check_cgroup_path
+from .targets import cgroup_dir
 
 NCCL_MODES = {
     "ib_disable": {"NCCL_IB_DISABLE": "1"},
@@ -212,12 +213,16 @@ class NcclFault(Fault):
             "env": Arg(dict, "more environment for the job"),
             "log": Arg(str, "file for the job's output", default=""),
             "cgroup": Arg(str, "cgroup v2 path (existing) the job runs in: detection looks "
-                               "at its exits")}
+                               "at its exits", grammar=names.cgroup_path)}
 
     def check(self, args):
         if not args["command"]:
             return ["command must not be empty"]
-        return check_cgroup_path(args["cgroup"]) if args.get("cgroup") else []
+        return []
+
+    def launches(self, args):
+        command = args.get("command")
+        return shlex.join(str(x) for x in command) if isinstance(command, list) else None
 
     def availability(self):
         # NCCL runs on NVIDIA GPUs only: without the driver a job has nothing to misconfigure

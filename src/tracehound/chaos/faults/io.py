@@ -10,8 +10,8 @@ import subprocess
 import time
 
 from ...attribution.procs import proc_cgroups, read_pids
-from . import Arg, Availability, Detection, Fault, FaultError, Prepared, cgroupctl
-from .targets import (cgroup2_root, cgroup_dir, cgroup_procs, check_cgroup_path, proc_of,
+from . import Arg, Availability, Detection, Fault, FaultError, Prepared, cgroupctl, names
+from .targets import (cgroup2_root, cgroup_dir, cgroup_procs, proc_of,
                       run_cmd, same_process)
 
 THROTTLE_KEYS = ("rbps", "wbps", "riops", "wiops")
@@ -55,7 +55,8 @@ class IoThrottle(Fault):
     name = "io.throttle"
     summary = "limit a cgroup's bandwidth/IOPS on a disk (cgroup v2 io.max; v1 blkio fallback)"
     args = {
-        "cgroup": Arg(str, "cgroup v2 path of the workload, e.g. /thtest/job1", required=True),
+        "cgroup": Arg(str, "cgroup v2 path of the workload, e.g. /thtest/job1", required=True,
+                      grammar=names.cgroup_path),
         "device": Arg(str, "block device (/dev/vda), MAJ:MIN, or a path on the file system "
                            "to throttle", required=True),
         "rbps": Arg(int, "read bytes per second", minimum=1),
@@ -68,7 +69,7 @@ class IoThrottle(Fault):
     }
 
     def check(self, args):
-        problems = check_cgroup_path(args["cgroup"])
+        problems = []
         if not any(args.get(k) for k in THROTTLE_KEYS):
             problems.append("give at least one limit: rbps, wbps, riops or wiops")
         return problems
@@ -289,7 +290,7 @@ class IoErrors(Fault):
     summary = "make a device-mapper device fail I/O (error target) or flap (flakey)"
     args = {
         "dm_name": Arg(str, "an existing device-mapper device with a linear table",
-                       required=True),
+                       required=True, grammar=names.dm_name),
         "mode": Arg(str, "error: every I/O fails; flakey: up/down cycles", default="error",
                     choices=("error", "flakey")),
         "up_seconds": Arg(int, "flakey: seconds of good I/O per cycle", default=1, minimum=0),

@@ -12,8 +12,8 @@ import os
 import platform
 
 from . import (Arg, Availability, Detection, Fault, FaultError, Prepared, interface_args,
-               refuse_host_netns)
-from .targets import check_cgroup_path, netns_prefix, run_cmd
+               names, refuse_host_netns)
+from .targets import netns_path, netns_prefix, run_cmd
 
 BPF_PRIORITY_BASE = 49100
 # Rollback finds the filter by priority alone, so one fixed handle serves.
@@ -46,7 +46,7 @@ def _tc_json(netns: str | None, *args: str) -> list:
 
 
 def _link_exists(netns: str | None, ifname: str) -> bool:
-    if netns and not os.path.exists(f"/run/netns/{netns}"):
+    if netns and not os.path.exists(netns_path(netns)):
         return False
     try:
         run_cmd(netns_prefix(netns) + ["ip", "link", "show", "dev", ifname])
@@ -61,7 +61,8 @@ def _net_args(extra: dict) -> dict:
         "method": Arg(str, "netem qdisc, tc BPF classifier, or auto (netem if the kernel "
                            "has it)", default="auto", choices=("auto", "netem", "bpf")),
         "cgroup": Arg(str, "cgroup v2 path of the workload whose TCP traffic crosses the "
-                           "interface: detection looks at its sockets (default: every cgroup's)"),
+                           "interface: detection looks at its sockets (default: every cgroup's)",
+                      grammar=names.cgroup_path),
         **extra,
     }
 
@@ -74,7 +75,7 @@ class NetFault(Fault):
         self.args = _net_args(extra)
 
     def check(self, args):
-        problems = check_cgroup_path(args["cgroup"]) if args.get("cgroup") else []
+        problems = []
         if self.kind == "delay" and args.get("method") == "bpf":
             problems.append("delay has no BPF implementation: use method netem or auto")
         if self.kind == "delay" and args.get("direction", "egress") != "egress":

@@ -9,9 +9,9 @@ import tempfile
 import time
 
 from ...attribution.procs import cgroup_v2_path
-from . import Arg, Availability, Detection, Fault, FaultError, Prepared, target_args
+from . import Arg, Availability, Detection, Fault, FaultError, Prepared, names, target_args
 from . import grown as grown_promql
-from .targets import (all_pids, cgroup_dir, check_cgroup_path, check_target_args,
+from .targets import (all_pids, cgroup_dir, check_target_args,
                       enforce_blast_radius, resolve_processes, same_process)
 
 MARKER = "TRACEHOUND_CHAOS_FAULT"
@@ -126,7 +126,8 @@ class ProcStress(Fault):
     summary = "run stress-ng (cpu, memory or io stressors) inside a cgroup"
     destructive = False
     args = {
-        "cgroup": Arg(str, "cgroup v2 path the stressor joins", required=True),
+        "cgroup": Arg(str, "cgroup v2 path the stressor joins", required=True,
+                      grammar=names.cgroup_path),
         "kind": Arg(str, "what to stress", default="cpu", choices=("cpu", "memory", "io")),
         "workers": Arg(int, "stressor processes (blast radius: at most 64)", default=1,
                        minimum=1, maximum=64),
@@ -140,7 +141,7 @@ class ProcStress(Fault):
     }
 
     def check(self, args):
-        return check_cgroup_path(args["cgroup"])
+        return []
 
     def availability(self):
         if shutil.which("stress-ng"):

@@ -13,9 +13,9 @@ import resource
 
 from ...attribution.procs import cgroup_v2_path
 from . import (Arg, Availability, Detection, Fault, FaultError, Prepared, cgroupctl,
-               interface_args, refuse_host_netns, target_args)
-from .targets import (cgroup2_root, cgroup_dir, check_cgroup_path, check_target_args,
-                      enforce_blast_radius, netns_prefix, resolve_processes, run_cmd,
+               interface_args, names, refuse_host_netns, target_args)
+from .targets import (cgroup2_root, cgroup_dir, check_target_args,
+                      enforce_blast_radius, netns_path, netns_prefix, resolve_processes, run_cmd,
                       same_process)
 
 CAP_IPC_LOCK = 14
@@ -114,14 +114,15 @@ class RdmaCgroup(Fault):
     summary = "cap a cgroup's RDMA handles/objects with rdma.max (creation fails EAGAIN)"
     where = "vm"
     args = {
-        "cgroup": Arg(str, "cgroup v2 path", required=True),
-        "device": Arg(str, "RDMA device name, e.g. rxe0", required=True),
+        "cgroup": Arg(str, "cgroup v2 path", required=True, grammar=names.cgroup_path),
+        "device": Arg(str, "RDMA device name, e.g. rxe0", required=True,
+                      grammar=names.rdma_device),
         "hca_handle": Arg(int, "most contexts", default=1, minimum=0),
         "hca_object": Arg(int, "most objects (PD, CQ, QP, MR...)", default=1, minimum=0),
     }
 
     def check(self, args):
-        return check_cgroup_path(args["cgroup"])
+        return []
 
     def availability(self):
         try:
@@ -198,7 +199,7 @@ class RdmaLinkDown(Fault):
 
     def rollback(self, state):
         netns = state["netns"]
-        if netns and not os.path.exists(f"/run/netns/{netns}"):
+        if netns and not os.path.exists(netns_path(netns)):
             return "the network namespace is gone; nothing left to undo"
         if state["was_up"]:
             try:

@@ -10,7 +10,7 @@ import re
 import subprocess
 from dataclasses import dataclass
 
-from . import FaultError
+from . import FaultError, names
 
 PF_KTHREAD = 0x00200000
 
@@ -83,19 +83,12 @@ def check_target_args(args: dict) -> list[str]:
             re.compile(args["name"])
         except re.error as exc:
             return [f"name is not a valid regular expression: {exc}"]
-    if args.get("cgroup") is not None:
-        return check_cgroup_path(args["cgroup"])
-    return []
+    return []           # a cgroup path is checked as the argument's grammar
 
 
 def check_cgroup_path(path: str) -> list[str]:
-    if not path.startswith("/"):
-        return [f"cgroup '{path}' must be a path from the cgroup v2 root, starting with /"]
-    if ".." in path.split("/"):
-        return [f"cgroup '{path}' must not contain '..'"]
-    if path.rstrip("/") == "":
-        return ["the root cgroup holds every process on the host: name a child cgroup"]
-    return []
+    why = names.cgroup_path(path)
+    return [why] if why else []
 
 
 def resolve_processes(args: dict) -> list[Proc]:
@@ -193,4 +186,13 @@ def netns_prefix(netns: str | None) -> list[str]:
     switches only the network namespace (ip netns exec also remounts /sys)."""
     if not netns:
         return []
-    return ["nsenter", f"--net=/run/netns/{netns}", "--"]
+    return ["nsenter", f"--net={netns_path(netns)}", "--"]
+
+
+def netns_path(netns: str) -> str:
+    """/run/netns/<netns>, for a name only (also checked here: a journal's
+    state reaches this too)."""
+    why = names.netns_name(netns)
+    if why:
+        raise FaultError(why)
+    return f"/run/netns/{netns}"

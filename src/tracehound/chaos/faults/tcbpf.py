@@ -17,6 +17,7 @@ import struct
 import threading
 
 from . import FaultError
+from .targets import netns_path
 
 CLONE_NEWNET = 0x40000000
 BPF_TC_INGRESS = 1
@@ -54,11 +55,12 @@ def in_netns(netns: str | None, fn):
     """fn() run on a thread inside /run/netns/<netns> (or here when None)."""
     if not netns:
         return fn()
+    path = netns_path(netns)
     box: dict = {}
 
     def body():
         try:
-            fd = os.open(f"/run/netns/{netns}", os.O_RDONLY)
+            fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
         except OSError as exc:
             box["error"] = FaultError(f"network namespace {netns}: {exc.strerror}")
             return
