@@ -1,6 +1,8 @@
 """Loader for rdma.bpf.o: picks a hook mode per group, loads, attaches, seeds
 the mirror with objects that existed before it, and pins the mirror so
-`tracehound rdma show` can read it from another process.
+`tracehound rdma show` can read it from another process. The pins live under
+the agent's instance (PIN_ROOT/<instance>/), so agents of other instances
+on the host never touch them, and go when the agent stops.
 
 A host without RDMA, or a kernel that refuses every RDMA hook, leaves the
 probe unavailable with a reason; it never stops the agent.
@@ -14,7 +16,7 @@ from dataclasses import dataclass
 from ..attribution.procs import cgroup_v2_path
 from ..bpf import features, libbpf
 from ..bpf.loader import BpfObject, Map
-from .. import defaults
+from .. import defaults, instance
 from ..errors import ProbeError, TracehoundError
 from ..host import rdma as rdma_host
 from . import object_path
@@ -39,10 +41,10 @@ from .rdma_maps import (
 log = logging.getLogger(__name__)
 
 MODES = ("fentry", "kprobe")
-PIN_DIR = "/sys/fs/bpf/tracehound"
-OBJECTS_PIN = os.path.join(PIN_DIR, "rdma_objects")
-APP_PIN = os.path.join(PIN_DIR, "rdma_app_objects")
-PINS = {"rdma_objects": OBJECTS_PIN, "app_objects": APP_PIN}
+# map -> the file it is pinned as, in the instance's pin directory
+PIN_FILES = {"rdma_objects": "rdma_objects", "app_objects": "rdma_app_objects"}
+# where agents pinned before there were instances: the default instance's
+LEGACY_PINS = tuple(os.path.join(defaults.PIN_ROOT, f) for f in PIN_FILES.values())
 BPF_NOEXIST = 1
 
 # Kernel function -> (its programs in fentry mode, in kprobe mode). Exit-only
@@ -104,6 +106,33 @@ def kernel_functions(names) -> set[str]:
     return set(names) & features.kernel_symbols()
 
 
+def pin_path(map_name: str, name: str = defaults.INSTANCE) -> str:
+    """Where instance `name` pins `map_name` (rdma_objects or app_objects)."""
+    return os.path.join(instance.pin_dir(name), PIN_FILES[map_name])
+
+
+def _make_pin_dir(path: str) -> None:
+    # another instance stopping removes the pin root once empty, possibly
+    # between making it and making our directory in it: make both again
+    for _ in range(3):
+        try:
+            os.makedirs(path, exist_ok=True)
+            return
+        except FileNotFoundError:
+            continue
+    os.makedirs(path, exist_ok=True)
+
+
+def remove_pin_dir(path: str) -> None:
+    """rmdir the instance's (emptied) pin directory, then the pin root if no
+    other instance has one there: never a recursive delete."""
+    for d in (path, os.path.dirname(path)):
+        try:
+            os.rmdir(d)
+        except OSError:
+            return
+
+
 def subsystem_absent() -> str | None:
     """Why this kernel has no RDMA core to hook, or None."""
     if os.path.isdir("/sys/module/ib_core") or os.path.isdir("/sys/class/infiniband"):
@@ -117,6 +146,7 @@ class RdmaProbeConfig:
     cgroup_root: str | None = None   # to attribute seeded objects
     max_objects: int = defaults.RDMA_MAX_OBJECTS
     app_view: bool = True            # uprobes on libibverbs (the application's view)
+    instance: str = defaults.INSTANCE  # whose pin directory
 
 
 class RdmaProbe:
@@ -197,11 +227,12 @@ class RdmaProbe:
 
     def close(self) -> None:
         if self._pinned:
-            for path in PINS.values():
+            for name in PIN_FILES:
                 try:
-                    os.unlink(path)
+                    os.unlink(pin_path(name, self.config.instance))
                 except OSError:
                     pass
+            remove_pin_dir(instance.pin_dir(self.config.instance))
             self._pinned = False
         self._maps = None
         self.app = rdma_app.Attachments()
@@ -258,17 +289,25 @@ class RdmaProbe:
             return 0
 
     def _pin(self) -> None:
-        """The mirror and the applications' view, for `tracehound rdma show`."""
+        """The mirror and the applications' view, for `tracehound rdma show`.
+        Pins are not how maps outlive the agent (every start loads fresh
+        maps and seeds the mirror from the kernel): ones left by an agent of
+        this instance that died are stale, and replaced. The instance lock
+        makes sure no live agent owns them."""
+        pins = {name: pin_path(name, self.config.instance) for name in PIN_FILES}
+        stale = list(pins.values())
+        if self.config.instance == defaults.INSTANCE:
+            stale += LEGACY_PINS
         try:
-            os.makedirs(PIN_DIR, exist_ok=True)
-            for path in PINS.values():
-                if os.path.exists(path):
-                    os.unlink(path)  # left by an agent that did not exit cleanly
+            _make_pin_dir(instance.pin_dir(self.config.instance))
+            self._pinned = True      # close() now removes the directory
+            for path in stale:
+                if os.path.lexists(path):
+                    os.unlink(path)
         except OSError as exc:
             log.info("rdma probe: mirror not pinned (%s): `tracehound rdma show` sees the kernel only", exc)
             return
-        self._pinned = True
-        for name, path in PINS.items():
+        for name, path in pins.items():
             ret = libbpf.lib().bpf_obj_pin(self._maps[name].fd, path.encode())
             if ret < 0:
                 log.info("rdma probe: cannot pin %s at %s: %s", name, path,
@@ -347,7 +386,8 @@ class PinnedObjects:
     """A table pinned by a running agent (the mirror, or with `app` the
     applications' view), read from another process."""
 
-    def __init__(self, path: str = OBJECTS_PIN, app: bool = False):
+    def __init__(self, path: str | None = None, app: bool = False):
+        path = path or pin_path("app_objects" if app else "rdma_objects")
         fd = libbpf.lib().bpf_obj_get(path.encode())
         if fd < 0:
             raise TracehoundError(f"no RDMA table pinned at {path} ({libbpf.strerror(libbpf.errno_of(fd))}):"
