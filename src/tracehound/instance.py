@@ -120,18 +120,8 @@ class _ExclusiveFile:
             self.fd = -1
 
     def _open_dir(self) -> int:
-        try:
-            fd = os.open(self.directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError as exc:
-            raise SetupError(f"{self.directory} must be a directory, not a symbolic link or a "
-                             f"file ({exc.strerror})") from None
-        st = os.fstat(fd)
         # anyone else who could write there could swap the lock file
-        if st.st_uid != self.owner or st.st_mode & 0o022:
-            os.close(fd)
-            raise SetupError(f"{self.directory} must belong to uid {self.owner} and be writable "
-                             f"by it alone (uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})")
-        return fd
+        return open_owned_dir(self.directory, self.owner)
 
     def _open_file(self, dir_fd: int) -> int:
         flags = os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC
@@ -204,6 +194,22 @@ class InstanceLock:
 
     def __exit__(self, *exc) -> None:
         self.release()
+
+
+def open_owned_dir(path: str, owner: int = 0) -> int:
+    """A descriptor of directory `path`, itself no symbolic link, belonging
+    to `owner` and writable by it alone; SetupError naming it otherwise."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError as exc:
+        raise SetupError(f"{path} must be a directory, not a symbolic link or a "
+                         f"file ({exc.strerror})") from None
+    st = os.fstat(fd)
+    if st.st_uid != owner or st.st_mode & 0o022:
+        os.close(fd)
+        raise SetupError(f"{path} must belong to uid {owner} and be writable "
+                         f"by it alone (uid {st.st_uid}, mode {stat.S_IMODE(st.st_mode):04o})")
+    return fd
 
 
 def busy_message(name: str, pid: int | None, path: str) -> str:

@@ -43,8 +43,6 @@ log = logging.getLogger(__name__)
 MODES = ("fentry", "kprobe")
 # map -> the file it is pinned as, in the instance's pin directory
 PIN_FILES = {"rdma_objects": "rdma_objects", "app_objects": "rdma_app_objects"}
-# where agents pinned before there were instances: the default instance's
-LEGACY_PINS = tuple(os.path.join(defaults.PIN_ROOT, f) for f in PIN_FILES.values())
 BPF_NOEXIST = 1
 
 # Kernel function -> (its programs in fentry mode, in kprobe mode). Exit-only
@@ -112,15 +110,25 @@ def pin_path(map_name: str, name: str = defaults.INSTANCE) -> str:
 
 
 def _make_pin_dir(path: str) -> None:
+    """Make the pin root and the instance's directory in it, each checked
+    to be root's own directory: bpffs is often mounted world-writable
+    (mode 1777), and a directory or symbolic link a user made there first
+    would let the user swap the pins, or point the agent's unlink and rmdir
+    elsewhere."""
     # another instance stopping removes the pin root once empty, possibly
     # between making it and making our directory in it: make both again
-    for _ in range(3):
+    for attempt in range(3):
         try:
-            os.makedirs(path, exist_ok=True)
+            for d in (os.path.dirname(path), path):
+                try:
+                    os.mkdir(d, 0o755)
+                except FileExistsError:
+                    pass
+                os.close(instance.open_owned_dir(d, os.geteuid()))
             return
         except FileNotFoundError:
-            continue
-    os.makedirs(path, exist_ok=True)
+            if attempt == 2:
+                raise
 
 
 def remove_pin_dir(path: str) -> None:
@@ -297,15 +305,20 @@ class RdmaProbe:
         pins = {name: pin_path(name, self.config.instance) for name in PIN_FILES}
         stale = list(pins.values())
         if self.config.instance == defaults.INSTANCE:
-            stale += LEGACY_PINS
+            # where agents pinned before there were instances
+            stale += [os.path.join(defaults.PIN_ROOT, f) for f in PIN_FILES.values()]
         try:
             _make_pin_dir(instance.pin_dir(self.config.instance))
-            self._pinned = True      # close() now removes the directory
+            self._pinned = True      # close() now removes the directory, checked as ours
             for path in stale:
                 if os.path.lexists(path):
                     os.unlink(path)
-        except OSError as exc:
+        except OSError as exc:      # no bpffs there, or read-only
             log.info("rdma probe: mirror not pinned (%s): `tracehound rdma show` sees the kernel only", exc)
+            return
+        except TracehoundError as exc:   # a directory someone else made
+            log.warning("rdma probe: mirror not pinned: %s; `tracehound rdma show` sees the "
+                        "kernel only", exc)
             return
         for name, path in pins.items():
             ret = libbpf.lib().bpf_obj_pin(self._maps[name].fd, path.encode())
