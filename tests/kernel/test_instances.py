@@ -1,6 +1,8 @@
 """Several agents on one host: named instances run side by side; a second
-agent of a running instance is refused before it loads anything, while the
-first keeps serving; stopped agents leave nothing pinned."""
+agent of a running instance (or of its state directory) is refused before it
+loads anything, while the first keeps serving; doctor names the holder;
+stopped agents leave no pin directory (this host has no RDMA, so the pins
+themselves are checked in the VM's RDMA scenario)."""
 import os
 import subprocess
 import urllib.request
@@ -51,6 +53,11 @@ def test_two_instances_run_side_by_side_and_a_second_agent_of_one_is_refused(hoo
             err = refused(hook_mode, "--instance", f"thtest-c-{tag}", "--state-dir", b_state)
             assert f"state directory {b_state} is in use by another agent (pid {b.proc.pid};" \
                 in err
+            # doctor names the holder, and takes nothing from it
+            doctor = subprocess.run([*tracehound_cmd(), "doctor", "--instance", a_name],
+                                    capture_output=True, text=True, timeout=120)
+            assert f"{a_name}: held by the running agent, pid {a.proc.pid}" in doctor.stdout, \
+                doctor.stdout + doctor.stderr
             # the first ones never noticed
             assert a.proc.poll() is None and ready(a) and ready(b)
             assert "tracehound_probe_info" in a.scrape_text()

@@ -14,7 +14,7 @@ from tracehound import defaults, instance
 from tracehound.commands.doctor import instance_line
 from tracehound.errors import SetupError
 from tracehound.instance import InstanceBusy, InstanceLock
-from tracehound.probes import rdma
+from tracehound.probes import rdma, rdma_pins
 
 from tests.conftest import tracehound_cmd
 
@@ -49,8 +49,8 @@ def test_default_instance_keeps_todays_paths_and_others_get_their_own():
     assert instance.state_dir("kmsg-seq") == "/var/lib/tracehound/instances/kmsg-seq"
     assert instance.state_dir("chaos") == "/var/lib/tracehound/instances/chaos"
     assert instance.state_dir("node1", "/srv/th/n1") == "/srv/th/n1"
-    assert rdma.pin_path("rdma_objects") == "/sys/fs/bpf/tracehound/default/rdma_objects"
-    assert rdma.pin_path("app_objects", "n2") == "/sys/fs/bpf/tracehound/n2/rdma_app_objects"
+    assert rdma_pins.pin_path("rdma_objects") == "/sys/fs/bpf/tracehound/default/rdma_objects"
+    assert rdma_pins.pin_path("app_objects", "n2") == "/sys/fs/bpf/tracehound/n2/rdma_app_objects"
 
 
 @pytest.fixture
@@ -210,13 +210,13 @@ def test_removing_a_pin_directory_keeps_other_instances_and_the_root_they_share(
     (root / "a").mkdir(parents=True)
     (root / "b").mkdir()
     (root / "b" / "rdma_objects").write_text("b's pin")
-    rdma.remove_pin_dir(instance.pin_dir("a"))
+    rdma_pins.remove_pin_dir(instance.pin_dir("a"))
     assert sorted(os.listdir(root)) == ["b"]
     # never recursive: a directory that still holds a pin stays
-    rdma.remove_pin_dir(instance.pin_dir("b"))
+    rdma_pins.remove_pin_dir(instance.pin_dir("b"))
     assert (root / "b" / "rdma_objects").read_text() == "b's pin"
     (root / "b" / "rdma_objects").unlink()
-    rdma.remove_pin_dir(instance.pin_dir("b"))
+    rdma_pins.remove_pin_dir(instance.pin_dir("b"))
     assert not root.exists()
 
 

@@ -382,7 +382,7 @@ def injected_divergence_scenario(c: Checks, agent: Agent) -> None:
     missed delete looks like. Written through the map the agent pins."""
     from tracehound.bpf import libbpf
     from tracehound.probes.rdma_maps import OBJ_F_USER, MirrorObject, encode_object
-    from tracehound.probes.rdma import PinnedObjects
+    from tracehound.probes.rdma_pins import PinnedObjects
 
     key, value = encode_object(MirrorObject(0, "qp", 0xFFFFF0, 4_000_000, 0, 1, OBJ_F_USER, "ghost"))
     pinned = PinnedObjects()
@@ -417,7 +417,7 @@ def mirror_rows(name: str) -> int | str:
     """How many objects the mirror instance `name` pinned holds, read as
     `tracehound rdma show --instance` reads it; why not, if it cannot."""
     from tracehound.errors import TracehoundError
-    from tracehound.probes.rdma import PinnedObjects, pin_path
+    from tracehound.probes.rdma_pins import PinnedObjects, pin_path
 
     try:
         pinned = PinnedObjects(pin_path("rdma_objects", name))

@@ -21,15 +21,13 @@ from ..errors import ProbeError, TracehoundError
 from ..host import rdma as rdma_host
 from . import object_path
 from . import rdma_app
+# PinnedObjects too: `rdma show` reaches the pinned tables through this module
+from .rdma_pins import PIN_FILES, PinnedObjects, make_pin_dir, pin_path, remove_pin_dir  # noqa: F401
 from .rdma_maps import (
-    APP_KEY,
-    APP_VALUE,
     APP_VERB_KEY,
     MAPS,
     OBJ_F_SEEDED,
     OBJ_F_USER,
-    OBJ_KEY,
-    OBJ_VALUE,
     MirrorObject,
     VERB_KEY,
     RdmaSnapshot,
@@ -41,8 +39,6 @@ from .rdma_maps import (
 log = logging.getLogger(__name__)
 
 MODES = ("fentry", "kprobe")
-# map -> the file it is pinned as, in the instance's pin directory
-PIN_FILES = {"rdma_objects": "rdma_objects", "app_objects": "rdma_app_objects"}
 BPF_NOEXIST = 1
 
 # Kernel function -> (its programs in fentry mode, in kprobe mode). Exit-only
@@ -102,43 +98,6 @@ def rdma_groups(present=None) -> tuple[features.HookGroup, ...]:
 def kernel_functions(names) -> set[str]:
     """Which of these functions the running kernel (modules included) has."""
     return set(names) & features.kernel_symbols()
-
-
-def pin_path(map_name: str, name: str = defaults.INSTANCE) -> str:
-    """Where instance `name` pins `map_name` (rdma_objects or app_objects)."""
-    return os.path.join(instance.pin_dir(name), PIN_FILES[map_name])
-
-
-def _make_pin_dir(path: str) -> None:
-    """Make the pin root and the instance's directory in it, each checked
-    to be root's own directory: bpffs is often mounted world-writable
-    (mode 1777), and a directory or symbolic link a user made there first
-    would let the user swap the pins, or point the agent's unlink and rmdir
-    elsewhere."""
-    # another instance stopping removes the pin root once empty, possibly
-    # between making it and making our directory in it: make both again
-    for attempt in range(3):
-        try:
-            for d in (os.path.dirname(path), path):
-                try:
-                    os.mkdir(d, 0o755)
-                except FileExistsError:
-                    pass
-                os.close(instance.open_owned_dir(d, os.geteuid()))
-            return
-        except FileNotFoundError:
-            if attempt == 2:
-                raise
-
-
-def remove_pin_dir(path: str) -> None:
-    """rmdir the instance's (emptied) pin directory, then the pin root if no
-    other instance has one there: never a recursive delete."""
-    for d in (path, os.path.dirname(path)):
-        try:
-            os.rmdir(d)
-        except OSError:
-            return
 
 
 def subsystem_absent() -> str | None:
@@ -308,7 +267,7 @@ class RdmaProbe:
             # where agents pinned before there were instances
             stale += [os.path.join(defaults.PIN_ROOT, f) for f in PIN_FILES.values()]
         try:
-            _make_pin_dir(instance.pin_dir(self.config.instance))
+            make_pin_dir(instance.pin_dir(self.config.instance))
             self._pinned = True      # close() now removes the directory, checked as ours
             for path in stale:
                 if os.path.lexists(path):
@@ -393,28 +352,6 @@ class RdmaProbe:
         if self.config.app_view and not self.app.libraries:
             missing["rdma.app"] = self.app_reason or "not attached"
         return missing
-
-
-class PinnedObjects:
-    """A table pinned by a running agent (the mirror, or with `app` the
-    applications' view), read from another process."""
-
-    def __init__(self, path: str | None = None, app: bool = False):
-        path = path or pin_path("app_objects" if app else "rdma_objects")
-        fd = libbpf.lib().bpf_obj_get(path.encode())
-        if fd < 0:
-            raise TracehoundError(f"no RDMA table pinned at {path} ({libbpf.strerror(libbpf.errno_of(fd))}):"
-                                  " is the agent running with the rdma probe?")
-        self.fd = fd
-        self.sizes = (APP_KEY.size, APP_VALUE.size) if app else (OBJ_KEY.size, OBJ_VALUE.size)
-
-    def items(self) -> list[tuple[bytes, bytes]]:
-        return Map.from_fd("rdma_objects", self.fd, *self.sizes).items()
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
 
 
 def doctor_line(hook_mode: str = "auto") -> str:
