@@ -241,10 +241,11 @@ def holder_pid(st: os.stat_result, locks: str = "/proc/locks") -> int | None:
 def holder(name: str, run_dir: str = defaults.RUN_DIR) -> tuple[str, int | None]:
     """(the lock's path, the pid of the agent holding instance `name`, or
     None): for `doctor`, which must never take the lock itself, even for a
-    moment, or an agent starting then would be refused."""
+    moment, or an agent starting then would be refused. OSError when the
+    lock cannot be looked at (run_dir is root's alone)."""
     path = lock_path(name, run_dir)
     try:
         st = os.stat(path, follow_symlinks=False)
-    except OSError:
+    except FileNotFoundError:
         return path, None
     return path, holder_pid(st) if stat.S_ISREG(st.st_mode) else None

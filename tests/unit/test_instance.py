@@ -120,6 +120,14 @@ def test_doctor_reads_the_holder_without_taking_the_lock(run_dir):
         assert "--instance NAME" in line
 
 
+def test_doctor_says_when_it_cannot_look_at_the_lock(tmp_path):
+    # a lock it cannot look at (as a user: the directory is root's alone) is not a free one
+    not_a_dir = tmp_path / "file"
+    not_a_dir.write_text("")
+    line = instance_line("default", str(not_a_dir))
+    assert "[??]" in line and "cannot tell whether an agent holds it" in line
+
+
 # -- a lock directory or file someone else prepared ---------------------------
 
 def test_a_symlink_for_the_lock_directory_is_refused(tmp_path):

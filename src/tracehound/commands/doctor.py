@@ -13,7 +13,11 @@ def instance_line(name: str = defaults.INSTANCE, run_dir: str = defaults.RUN_DIR
     """Which instance, and whether a running agent holds it: read from the
     kernel's lock table, never by taking the lock (that would refuse an
     agent starting at that moment)."""
-    path, pid = instance.holder(name, run_dir)
+    try:
+        path, pid = instance.holder(name, run_dir)
+    except OSError as exc:
+        return check_line(False, "instance", f"{name}: cannot tell whether an agent holds it "
+                          f"({exc.filename}: {exc.strerror})", mark="??")
     where = f"pins {instance.pin_dir(name)}, lock {path}"
     if pid:
         return check_line(True, "instance", f"{name}: held by the running agent, pid {pid} ({where}); "
