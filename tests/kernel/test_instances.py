@@ -34,6 +34,7 @@ def refused(hook_mode, *flags) -> str:
 
 
 def test_two_instances_run_side_by_side_and_a_second_agent_of_one_is_refused(hook_mode):
+    pinned_before = os.path.lexists(PIN_ROOT)
     tag = uuid.uuid4().hex[:8]
     a_name, b_name = f"thtest-a-{tag}", f"thtest-b-{tag}"
     a = start_agent(hook_mode, "--instance", a_name)
@@ -68,3 +69,5 @@ def test_two_instances_run_side_by_side_and_a_second_agent_of_one_is_refused(hoo
     assert a.proc.returncode == 0 and b.proc.returncode == 0
     for name in (a_name, b_name):
         assert not os.path.lexists(os.path.join(PIN_ROOT, name))
+    if not pinned_before:
+        assert not os.path.lexists(PIN_ROOT)
