@@ -9,6 +9,7 @@ import threading
 from prometheus_client import CollectorRegistry
 
 from . import preflight
+from .instance import InstanceLock
 from .attribution.cgroups import CgroupResolver
 from .attribution.kubelet import pod_source
 from .attribution.owners import Owners
@@ -102,18 +103,24 @@ def run(config: AgentConfig, stop: threading.Event,
     if stop.is_set():
         out("tracehound: stopped before anything was loaded")
         return 0
-    agent = Agent(config, stop=stop).start()     # cleans up after itself if it fails
-    try:
-        if not stop.is_set():
-            out(f"tracehound: serving metrics on {agent.exporter.url}")
-            out(f"tracehound: anomaly events on "
-                f"{agent.exporter.url.removesuffix('/metrics')}/events")
-            for s in agent.subsystems:
-                for line in s.status_lines():
-                    out(f"tracehound: {line}")
-        while not stop.wait(1.0):
-            pass
-    finally:
-        agent.stop()
-        out("tracehound: probes detached, exiting")
+    # Before anything binds or loads: a second agent of this instance, or of
+    # its state directory, stops here, naming the one that runs. Held until
+    # the probes are detached and the pins gone, so the next agent of this
+    # name starts on a clean slate.
+    with InstanceLock(config.instance, state=config.state_dir):
+        agent = Agent(config, stop=stop).start()     # cleans up after itself if it fails
+        try:
+            if not stop.is_set():
+                out(f"tracehound: instance {config.instance}")
+                out(f"tracehound: serving metrics on {agent.exporter.url}")
+                out(f"tracehound: anomaly events on "
+                    f"{agent.exporter.url.removesuffix('/metrics')}/events")
+                for s in agent.subsystems:
+                    for line in s.status_lines():
+                        out(f"tracehound: {line}")
+            while not stop.wait(1.0):
+                pass
+        finally:
+            agent.stop()
+            out("tracehound: probes detached, exiting")
     return 0

@@ -32,7 +32,10 @@ class AgentConfig:
     stall_after_s: float = defaults.STALL_AFTER_S
     stall_cgroups: str | None = None
     pressure_max_cgroups: int = defaults.PRESSURE_MAX_CGROUPS
-    # what the agent keeps across restarts: the kernel log position (kmsg-seq)
+    # what the agent keeps across restarts: the kernel log position (kmsg-seq);
+    # `run` gives each instance its own (instance.state_dir)
     state_dir: str = defaults.STATE_DIR
+    # which of the host's agents this is: its lock, pins and state are its own
+    instance: str = defaults.INSTANCE
     # a fatal XID keeps the GPU's recent_fatal_xid health condition this long
     gpu_fatal_xid_window_s: float = defaults.GPU_FATAL_XID_WINDOW_S

@@ -45,8 +45,15 @@ GPU_HEALTH_INTERVAL_S = 1.0
 # how long a fatal-severity XID keeps tracehound_gpu_health{condition="recent_fatal_xid"} at 1
 GPU_FATAL_XID_WINDOW_S = 600.0
 
-# what the agent keeps across restarts (the kernel log position)
+# what the agent keeps across restarts (the kernel log position); instances
+# other than the default keep theirs under STATE_DIR/instances/<name>
 STATE_DIR = "/var/lib/tracehound"
+
+# several agents share one host as named instances (`run --instance`): each
+# holds a lock under RUN_DIR and pins its maps under PIN_ROOT/<instance>
+INSTANCE = "default"
+RUN_DIR = "/run/tracehound"
+PIN_ROOT = "/sys/fs/bpf/tracehound"
 
 # cgroup directories the pressure collector reads per scrape
 PRESSURE_MAX_CGROUPS = 4096

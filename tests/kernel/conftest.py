@@ -1,5 +1,7 @@
 """Host-kernel tier: the real agent, real BPF in this kernel, real cgroups,
 real file systems, scraped over HTTP."""
+import contextlib
+import glob
 import json
 import os
 import re
@@ -67,8 +69,11 @@ class Agent:
 
 
 def start_agent(hook_mode: str, *extra: str, wrapper: tuple[str, ...] = ()) -> Agent:
+    # an instance of its own (unless the test names one): agents of one run
+    # overlap, the session's and a test's, and each would refuse the other
+    own = () if "--instance" in extra else ("--instance", f"thtest-{uuid.uuid4().hex[:12]}")
     proc = subprocess.Popen([*wrapper, *tracehound_cmd(), "run", "--listen", "127.0.0.1:0",
-                             "--hook-mode", hook_mode, *extra],
+                             "--hook-mode", hook_mode, *own, *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
     deadline = time.monotonic() + 60
@@ -99,6 +104,19 @@ def stop_agent(agent: Agent) -> None:
     except subprocess.TimeoutExpired:
         agent.proc.kill()
         pytest.fail("agent ignored SIGTERM for 20 s")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def forget_test_instances():
+    """An agent leaves its lock file (unlinking one races with the next
+    agent of its name) and its state directory: the tests' own instances
+    (thtest-*) end with the session, after every agent of theirs stopped."""
+    yield
+    for path in glob.glob("/run/tracehound/thtest-*.lock"):
+        with contextlib.suppress(OSError):
+            os.unlink(path)
+    for path in glob.glob("/var/lib/tracehound/instances/thtest-*"):
+        shutil.rmtree(path, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

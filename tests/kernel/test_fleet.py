@@ -76,7 +76,9 @@ def start_agent(node: Node, hook_mode: str, pod_logs: str) -> None:
     with open(node.log, "w") as out:
         node.proc = subprocess.Popen(
             ["nsenter", f"--net=/run/netns/{node.netns}", "--", *tracehound_cmd(), "run",
-             "--listen", node.target, "--hook-mode", hook_mode, "--pod-logs-dir", pod_logs],
+             "--listen", node.target, "--hook-mode", hook_mode, "--pod-logs-dir", pod_logs,
+             # one agent per simulated node on this host: each its own instance
+             "--instance", f"thtest-{node.name}"],
             stdout=out, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

@@ -5,7 +5,9 @@
 Sets up soft-RoCE on a veth pair, starts the agent, drives a real verbs
 program (rdma_verbs_app.py) through holding, exiting, being killed, a tiny
 RLIMIT_MEMLOCK and an rdma cgroup limit, takes the port down, then repeats
-the core checks in kprobe mode. Every check is written to
+the core checks in kprobe mode, in a second agent (instance "kprobe") that
+starts while the first still runs: each pins its maps apart, and neither
+leaves a pin behind. Every check is written to
 RESULTS_DIR/checks.json as soon as it is decided, so a crash part-way still
 reports what ran.
 """
@@ -380,7 +382,7 @@ def injected_divergence_scenario(c: Checks, agent: Agent) -> None:
     missed delete looks like. Written through the map the agent pins."""
     from tracehound.bpf import libbpf
     from tracehound.probes.rdma_maps import OBJ_F_USER, MirrorObject, encode_object
-    from tracehound.probes.rdma import PinnedObjects
+    from tracehound.probes.rdma_pins import PinnedObjects
 
     key, value = encode_object(MirrorObject(0, "qp", 0xFFFFF0, 4_000_000, 0, 1, OBJ_F_USER, "ghost"))
     pinned = PinnedObjects()
@@ -399,12 +401,44 @@ def injected_divergence_scenario(c: Checks, agent: Agent) -> None:
         pinned.close()
 
 
+def pin_root() -> list[str]:
+    """The instances' pin directories, [] without the pin root."""
+    root = defaults.PIN_ROOT
+    return sorted(os.listdir(root)) if os.path.isdir(root) else []
+
+
+def pins_of(name: str) -> list[str]:
+    """The files instance `name` has pinned, [] without its directory."""
+    d = os.path.join(defaults.PIN_ROOT, name)
+    return sorted(os.listdir(d)) if os.path.isdir(d) else []
+
+
+def mirror_rows(name: str) -> int | str:
+    """How many objects the mirror instance `name` pinned holds, read as
+    `tracehound rdma show --instance` reads it; why not, if it cannot."""
+    from tracehound.errors import TracehoundError
+    from tracehound.probes.rdma_pins import PinnedObjects, pin_path
+
+    try:
+        pinned = PinnedObjects(pin_path("rdma_objects", name))
+    except TracehoundError as exc:
+        return str(exc)
+    try:
+        return len(pinned.items())
+    finally:
+        pinned.close()
+
+
+PINNED = ["rdma_app_objects", "rdma_objects"]
+
+
 def main(results: Path) -> int:
     c = Checks(results)
     t0 = time.monotonic()
     setup_rxe()
     agent = Agent()
     c.timing("agent_start_s", time.monotonic() - t0)
+    second = None
     try:
         modes = kernel_modes(agent)
         c.record("fentry_mode_attached", modes and set(modes.values()) == {"fentry"},
@@ -424,14 +458,28 @@ def main(results: Path) -> int:
         c.record("no_mirror_mismatch", anomalies.get("mirror_mismatch", -1) == 0,
                  f"{anomalies}; now differing: {totals_agree(agent)}")
         injected_divergence_scenario(c, agent)
+        # the kprobe-mode agent starts while the first still runs, as another
+        # instance: it pins beside the first, never over it
+        t1 = time.monotonic()
+        second = Agent("--hook-mode", "kprobe", "--instance", "kprobe")
+        c.timing("kprobe_agent_start_s", time.monotonic() - t1)
+        rows = (mirror_rows("default"), mirror_rows("kprobe"))
+        c.record("instances_pin_apart", pins_of("default") == pins_of("kprobe") == PINNED
+                 and all(isinstance(n, int) for n in rows),
+                 f"default {pins_of('default')}, kprobe {pins_of('kprobe')}; mirror rows {rows}")
     finally:
         rc = agent.stop()
         c.record("agent_stops_cleanly", rc == 0 and "probes detached" in agent.out.text(),
                  f"exit {rc}\n{agent.out.text()[-3000:]}")
-
-    t1 = time.monotonic()
-    agent = Agent("--hook-mode", "kprobe")
-    c.timing("kprobe_agent_start_s", time.monotonic() - t1)
+    if second is None:
+        t1 = time.monotonic()
+        second = Agent("--hook-mode", "kprobe", "--instance", "kprobe")
+        c.timing("kprobe_agent_start_s", time.monotonic() - t1)
+    c.record("stopped_instance_unpinned", pin_root() == ["kprobe"]
+             and pins_of("kprobe") == PINNED and isinstance(mirror_rows("kprobe"), int),
+             f"{defaults.PIN_ROOT}: {pin_root()}; kprobe {pins_of('kprobe')}, "
+             f"mirror rows {mirror_rows('kprobe')}")
+    agent = second
     try:
         modes = kernel_modes(agent)
         c.record("kprobe_mode_attached", modes and set(modes.values()) == {"kprobe"},
@@ -440,6 +488,8 @@ def main(results: Path) -> int:
         memlock_scenario(c, agent, prefix="kprobe_")
     finally:
         agent.stop()
+    c.record("nothing_pinned_after_stop", not os.path.lexists(defaults.PIN_ROOT),
+             f"{defaults.PIN_ROOT} left, holding {pin_root()}")
     c.timing("scenario_s", time.monotonic() - t0)
     return 0
 

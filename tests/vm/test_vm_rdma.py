@@ -27,13 +27,16 @@ CHECKS = [
     "no_mirror_mismatch",
     "injected_leak_flagged",
     "injected_mismatch_flagged",
+    "instances_pin_apart",
     "agent_stops_cleanly",
+    "stopped_instance_unpinned",
     "kprobe_mode_attached",
     "kprobe_app_created_objects",
     "kprobe_objects_match_kernel",
     "kprobe_objects_released_on_exit",
     "kprobe_objects_released_on_kill",
     "kprobe_reg_mr_enomem_counted",
+    "nothing_pinned_after_stop",
 ]
 
 

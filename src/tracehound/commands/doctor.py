@@ -1,7 +1,7 @@
 """`tracehound doctor`: what this host offers, what each subsystem would use, and why."""
 from __future__ import annotations
 
-from .. import preflight
+from .. import defaults, instance, preflight
 from ..bpf import features
 from ..errors import TracehoundError
 from ..host.mounts import MountTable
@@ -9,7 +9,24 @@ from ..subsystems import SUBSYSTEMS
 from ..subsystems.base import check_line
 
 
-def doctor(hook_mode: str = "auto", out=print, subsystems=SUBSYSTEMS) -> int:
+def instance_line(name: str = defaults.INSTANCE, run_dir: str = defaults.RUN_DIR) -> str:
+    """Which instance, and whether a running agent holds it: read from the
+    kernel's lock table, never by taking the lock (that would refuse an
+    agent starting at that moment)."""
+    try:
+        path, pid = instance.holder(name, run_dir)
+    except OSError as exc:
+        return check_line(False, "instance", f"{name}: cannot tell whether an agent holds it "
+                          f"({exc.filename}: {exc.strerror})", mark="??")
+    where = f"pins {instance.pin_dir(name)}, lock {path}"
+    if pid:
+        return check_line(True, "instance", f"{name}: held by the running agent, pid {pid} ({where}); "
+                          "a second agent needs --instance NAME", mark="in")
+    return check_line(True, "instance", f"{name}: no agent holds it ({where})")
+
+
+def doctor(hook_mode: str = "auto", out=print, subsystems=SUBSYSTEMS,
+           instance_name: str = defaults.INSTANCE) -> int:
     problems = 0
     out("host:")
     for what, check in (("root", preflight.check_root), ("libbpf", preflight.check_libbpf),
@@ -20,6 +37,7 @@ def doctor(hook_mode: str = "auto", out=print, subsystems=SUBSYSTEMS) -> int:
         except TracehoundError as exc:
             out(check_line(False, what, str(exc)))
             problems += 1
+    out(instance_line(instance_name))
     # subsystems without BPF probes (GPU) can be checked all the same
     sections = [s for s in subsystems if not problems or not s.needs_bpf]
     if problems:
@@ -44,4 +62,7 @@ def add_parser(sub, hook) -> None:
                        description="Check the host (root, BTF, libbpf, tracefs, cgroup v2) and show, "
                                    "per probe, which hook mode would be used and why the others "
                                    "are not.")
-    p.set_defaults(handler=lambda args: doctor(args.hook_mode))
+    p.add_argument("--instance", type=instance.instance_name, default=defaults.INSTANCE,
+                   metavar="NAME", help="the agent instance to report on "
+                                        f"(default {defaults.INSTANCE})")
+    p.set_defaults(handler=lambda args: doctor(args.hook_mode, instance_name=args.instance))

@@ -17,9 +17,11 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
+from .. import defaults
 from ..attribution.procs import cgroup_v2_path
 from ..host import rdma as kernel_view
 from ..host.mounts import MountTable
+from ..instance import instance_name
 
 
 @dataclass
@@ -117,8 +119,9 @@ def _group(app_objects) -> dict:
     return out
 
 
-def process_view(pid: int | None = None) -> ProcessView:
-    """The three views of `pid` (of every process when None), read now."""
+def process_view(pid: int | None = None, instance: str | None = None) -> ProcessView:
+    """The three views of `pid` (of every process when None), read now; the
+    mirror is the one the agent of `instance` (the default one) pinned."""
     notes = []
     try:
         kernel = kernel_view.objects()   # build_view keeps the rows of `pid`
@@ -126,7 +129,7 @@ def process_view(pid: int | None = None) -> ProcessView:
     except kernel_view.RdmaToolError as exc:
         kernel, devices = [], {}
         notes.append(f"kernel: {exc}")
-    mirror, app = _pinned(app=False), _pinned(app=True)
+    mirror, app = _pinned(False, instance), _pinned(True, instance)
     view = build_view(kernel, mirror, devices, pid, app_objects=app)
     view.kernel_known = not notes
     if mirror is not None and app is None:
@@ -135,15 +138,16 @@ def process_view(pid: int | None = None) -> ProcessView:
     return view
 
 
-def _pinned(app: bool):
+def _pinned(app: bool, instance: str | None = None):
     """The decoded rows of the mirror (or with `app` the applications' view)
-    a running agent pinned, or None without one."""
+    a running agent of `instance` pinned, or None without one."""
     from ..errors import TracehoundError
-    from ..probes.rdma import APP_PIN, OBJECTS_PIN, PinnedObjects
+    from ..probes.rdma import PinnedObjects, pin_path
     from ..probes.rdma_maps import decode_app_object, decode_object
 
+    path = pin_path("app_objects" if app else "rdma_objects", instance or defaults.INSTANCE)
     try:
-        pinned = PinnedObjects(APP_PIN if app else OBJECTS_PIN, app=app)
+        pinned = PinnedObjects(path, app=app)
     except TracehoundError:
         return None
     decode = decode_app_object if app else decode_object
@@ -222,6 +226,9 @@ def add_parser(sub, hook=None) -> None:
     who.add_argument("--job", metavar="ID",
                      help="only the objects of one workload's processes: a Slurm job id, a pod "
                           "(name or namespace/pod) or a VM name")
+    show.add_argument("--instance", type=instance_name, default=defaults.INSTANCE, metavar="NAME",
+                      help="read the mirror of the agent running as this instance "
+                           f"(default {defaults.INSTANCE})")
     show.set_defaults(handler=_show)
 
 
@@ -231,7 +238,7 @@ def _show(args) -> int:
     from ..attribution.resolver import WorkloadResolver
     from ..probes.rdma import subsystem_absent
 
-    view = process_view(args.pid)
+    view = process_view(args.pid, args.instance)
     if not view.kernel_known and not view.mirror_known:
         # say what the host lacks, not what the netlink socket answered
         absent = subsystem_absent()

@@ -7,7 +7,7 @@ import re
 import threading
 import urllib.parse
 
-from .. import defaults
+from .. import defaults, instance
 from ..host.mounts import DEFAULT_SKIP_FSTYPES
 
 
@@ -165,10 +165,19 @@ def add_parser(sub, hook) -> None:
                      help="also watch for stalls the cgroups whose v2 path matches this regular "
                           "expression (whole path, e.g. '/batch/.*'); systemd units are not "
                           "watched unless named here")
-    run.add_argument("--state-dir", default=defaults.STATE_DIR, metavar="DIR",
+    run.add_argument("--instance", type=instance.instance_name, default=defaults.INSTANCE,
+                     metavar="NAME",
+                     help="run as this named instance, one of several agents on the host "
+                          "(e.g. one per network namespace): each instance has its own "
+                          f"lock ({defaults.RUN_DIR}/NAME.lock), RDMA pins "
+                          f"({defaults.PIN_ROOT}/NAME/) and state directory; a second agent "
+                          "of a running instance refuses to start "
+                          f"(default {defaults.INSTANCE})")
+    run.add_argument("--state-dir", metavar="DIR",
                      help="where the agent keeps what outlives a restart: the kernel log "
-                          "position, so each GPU error line is counted once "
-                          f"(default {defaults.STATE_DIR})")
+                          "position, so each GPU error line is counted once; one agent at a "
+                          f"time (default {defaults.STATE_DIR} for the default instance, "
+                          f"{defaults.STATE_DIR}/instances/NAME for any other)")
     run.add_argument("--gpu-fatal-xid-window", type=_seconds(0, MAX_GRACE_S),
                      default=defaults.GPU_FATAL_XID_WINDOW_S, metavar="SECONDS",
                      help="how long a fatal XID keeps tracehound_gpu_health"
@@ -198,5 +207,6 @@ def _run(args) -> int:
                            net_max_sockets=args.net_max_sockets,
                            net_max_cgroups=args.net_max_cgroups,
                            net_all_netns=args.net_all_netns,
-                           state_dir=args.state_dir,
+                           state_dir=instance.state_dir(args.instance, args.state_dir),
+                           instance=args.instance,
                            gpu_fatal_xid_window_s=args.gpu_fatal_xid_window), stop=stop)

@@ -1,6 +1,8 @@
 """Loader for rdma.bpf.o: picks a hook mode per group, loads, attaches, seeds
 the mirror with objects that existed before it, and pins the mirror so
-`tracehound rdma show` can read it from another process.
+`tracehound rdma show` can read it from another process. The pins live under
+the agent's instance (PIN_ROOT/<instance>/), so agents of other instances
+on the host never touch them, and go when the agent stops.
 
 A host without RDMA, or a kernel that refuses every RDMA hook, leaves the
 probe unavailable with a reason; it never stops the agent.
@@ -14,20 +16,18 @@ from dataclasses import dataclass
 from ..attribution.procs import cgroup_v2_path
 from ..bpf import features, libbpf
 from ..bpf.loader import BpfObject, Map
-from .. import defaults
+from .. import defaults, instance
 from ..errors import ProbeError, TracehoundError
 from ..host import rdma as rdma_host
 from . import object_path
 from . import rdma_app
+# PinnedObjects too: `rdma show` reaches the pinned tables through this module
+from .rdma_pins import PIN_FILES, PinnedObjects, make_pin_dir, pin_path, remove_pin_dir  # noqa: F401
 from .rdma_maps import (
-    APP_KEY,
-    APP_VALUE,
     APP_VERB_KEY,
     MAPS,
     OBJ_F_SEEDED,
     OBJ_F_USER,
-    OBJ_KEY,
-    OBJ_VALUE,
     MirrorObject,
     VERB_KEY,
     RdmaSnapshot,
@@ -39,10 +39,6 @@ from .rdma_maps import (
 log = logging.getLogger(__name__)
 
 MODES = ("fentry", "kprobe")
-PIN_DIR = "/sys/fs/bpf/tracehound"
-OBJECTS_PIN = os.path.join(PIN_DIR, "rdma_objects")
-APP_PIN = os.path.join(PIN_DIR, "rdma_app_objects")
-PINS = {"rdma_objects": OBJECTS_PIN, "app_objects": APP_PIN}
 BPF_NOEXIST = 1
 
 # Kernel function -> (its programs in fentry mode, in kprobe mode). Exit-only
@@ -117,6 +113,7 @@ class RdmaProbeConfig:
     cgroup_root: str | None = None   # to attribute seeded objects
     max_objects: int = defaults.RDMA_MAX_OBJECTS
     app_view: bool = True            # uprobes on libibverbs (the application's view)
+    instance: str = defaults.INSTANCE  # whose pin directory
 
 
 class RdmaProbe:
@@ -197,11 +194,12 @@ class RdmaProbe:
 
     def close(self) -> None:
         if self._pinned:
-            for path in PINS.values():
+            for name in PIN_FILES:
                 try:
-                    os.unlink(path)
+                    os.unlink(pin_path(name, self.config.instance))
                 except OSError:
                     pass
+            remove_pin_dir(instance.pin_dir(self.config.instance))
             self._pinned = False
         self._maps = None
         self.app = rdma_app.Attachments()
@@ -258,17 +256,30 @@ class RdmaProbe:
             return 0
 
     def _pin(self) -> None:
-        """The mirror and the applications' view, for `tracehound rdma show`."""
+        """The mirror and the applications' view, for `tracehound rdma show`.
+        Pins are not how maps outlive the agent (every start loads fresh
+        maps and seeds the mirror from the kernel): ones left by an agent of
+        this instance that died are stale, and replaced. The instance lock
+        makes sure no live agent owns them."""
+        pins = {name: pin_path(name, self.config.instance) for name in PIN_FILES}
+        stale = list(pins.values())
+        if self.config.instance == defaults.INSTANCE:
+            # where agents pinned before there were instances
+            stale += [os.path.join(defaults.PIN_ROOT, f) for f in PIN_FILES.values()]
         try:
-            os.makedirs(PIN_DIR, exist_ok=True)
-            for path in PINS.values():
-                if os.path.exists(path):
-                    os.unlink(path)  # left by an agent that did not exit cleanly
-        except OSError as exc:
+            make_pin_dir(instance.pin_dir(self.config.instance))
+            self._pinned = True      # close() now removes the directory, checked as ours
+            for path in stale:
+                if os.path.lexists(path):
+                    os.unlink(path)
+        except OSError as exc:      # no bpffs there, or read-only
             log.info("rdma probe: mirror not pinned (%s): `tracehound rdma show` sees the kernel only", exc)
             return
-        self._pinned = True
-        for name, path in PINS.items():
+        except TracehoundError as exc:   # a directory someone else made
+            log.warning("rdma probe: mirror not pinned: %s; `tracehound rdma show` sees the "
+                        "kernel only", exc)
+            return
+        for name, path in pins.items():
             ret = libbpf.lib().bpf_obj_pin(self._maps[name].fd, path.encode())
             if ret < 0:
                 log.info("rdma probe: cannot pin %s at %s: %s", name, path,
@@ -343,27 +354,6 @@ class RdmaProbe:
         if self.config.app_view and not self.app.libraries:
             missing["rdma.app"] = self.app_reason or "not attached"
         return missing
-
-
-class PinnedObjects:
-    """A table pinned by a running agent (the mirror, or with `app` the
-    applications' view), read from another process."""
-
-    def __init__(self, path: str = OBJECTS_PIN, app: bool = False):
-        fd = libbpf.lib().bpf_obj_get(path.encode())
-        if fd < 0:
-            raise TracehoundError(f"no RDMA table pinned at {path} ({libbpf.strerror(libbpf.errno_of(fd))}):"
-                                  " is the agent running with the rdma probe?")
-        self.fd = fd
-        self.sizes = (APP_KEY.size, APP_VALUE.size) if app else (OBJ_KEY.size, OBJ_VALUE.size)
-
-    def items(self) -> list[tuple[bytes, bytes]]:
-        return Map.from_fd("rdma_objects", self.fd, *self.sizes).items()
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
 
 
 def doctor_line(hook_mode: str = "auto") -> str:

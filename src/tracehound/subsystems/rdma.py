@@ -24,7 +24,8 @@ class RdmaSubsystem(Subsystem):
         cfg = ctx.config
         self.probe = RdmaProbe(RdmaProbeConfig(cfg.hook_mode, cgroup_root=ctx.owners.root,
                                                max_objects=cfg.rdma_max_objects,
-                                               app_view=cfg.rdma_app_view))
+                                               app_view=cfg.rdma_app_view,
+                                               instance=cfg.instance))
         self.detector = RdmaDetector(RdmaDetectorConfig(grace_s=cfg.rdma_grace_s),
                                      cgroup_path=ctx.owners.detector_path,
                                      workload=ctx.owners.workload_fields)
