@@ -36,3 +36,5 @@ class AgentConfig:
     state_dir: str = defaults.STATE_DIR
     # a fatal XID keeps the GPU's recent_fatal_xid health condition this long
     gpu_fatal_xid_window_s: float = defaults.GPU_FATAL_XID_WINDOW_S
+    # exporter TLS, authentication and headers (exporter.webconfig.WebConfig)
+    web_config: object | None = None
