@@ -16,6 +16,7 @@ from prometheus_client import CollectorRegistry
 
 from tests import tls_files
 from tests.tls_files import HASH, PASSWORD
+from tracehound.chaos.metrics import QueryError, fetch
 from tracehound.exporter.events import EventLog
 from tracehound.exporter.server import Exporter
 from tracehound.exporter.webconfig import WebConfigError, load
@@ -211,3 +212,17 @@ def test_plain_http_beyond_this_host_is_warned_about(tls, serve, caplog):
     serve(None, listen="0.0.0.0:0")
     (record,) = caplog.records
     assert "without TLS or authentication" in record.getMessage()
+
+
+def test_chaos_probes_read_an_agent_over_tls_with_a_password(tls, serve, monkeypatch, tmp_path):
+    exporter = serve(auth_config(tls))
+    for name in ("CA_FILE", "CERT_FILE", "KEY_FILE", "USERNAME", "PASSWORD_FILE"):
+        monkeypatch.delenv(f"TRACEHOUND_{name}", raising=False)
+    monkeypatch.setenv("TRACEHOUND_CA_FILE", tls.ca)
+    with pytest.raises(QueryError, match="Unauthorized"):
+        fetch(exporter.url, DEADLINE_S)
+    secret = tmp_path / "password"
+    secret.write_text(PASSWORD + "\n")
+    monkeypatch.setenv("TRACEHOUND_USERNAME", "prometheus")
+    monkeypatch.setenv("TRACEHOUND_PASSWORD_FILE", str(secret))
+    assert "tracehound_scrape_samples" in fetch(exporter.url, DEADLINE_S)

@@ -70,6 +70,9 @@ class SharedBody:
         if last:
             with self._make:
                 source, self._source = self._source, None
+                # gone now, not when the last Reader object is collected
+                self._chunks = []
+                self.generation = None
             close = getattr(source, "close", None)
             if close is not None:
                 close()                      # its clean-up runs now, not at collection
