@@ -36,7 +36,8 @@ def _openssl(directory: str, *args: str) -> None:
                    timeout=60)
 
 
-def _signed(directory: str, name: str, subject: str, extensions: str) -> None:
+def signed(directory: str, name: str, subject: str, extensions: str) -> None:
+    """NAME.key and NAME.crt, signed by the CA in directory."""
     _openssl(directory, "req", "-newkey", "ec", "-pkeyopt", "ec_paramgen_curve:prime256v1",
              "-nodes", "-keyout", f"{name}.key", "-out", f"{name}.csr", "-subj", subject)
     with open(os.path.join(directory, f"{name}.ext"), "w") as f:
@@ -55,9 +56,9 @@ def make(directory: str) -> TLSFiles:
              "-days", "1", "-subj", "/CN=tracehound test CA",
              "-addext", "basicConstraints=critical,CA:TRUE",
              "-addext", "keyUsage=critical,keyCertSign,cRLSign")
-    _signed(directory, "server", "/CN=127.0.0.1",
+    signed(directory, "server", "/CN=127.0.0.1",
             "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
-    _signed(directory, "client", "/CN=prometheus.test",
+    signed(directory, "client", "/CN=prometheus.test",
             "subjectAltName=DNS:prometheus.test\nextendedKeyUsage=clientAuth\n")
     _openssl(directory, "req", "-x509", "-newkey", "ec", "-pkeyopt",
              "ec_paramgen_curve:prime256v1", "-nodes", "-keyout", "other.key", "-out",

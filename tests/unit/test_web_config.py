@@ -6,6 +6,7 @@ import base64
 import http.client
 import logging
 import os
+import shutil
 import socket
 import ssl
 import subprocess
@@ -226,3 +227,40 @@ def test_chaos_probes_read_an_agent_over_tls_with_a_password(tls, serve, monkeyp
     monkeypatch.setenv("TRACEHOUND_USERNAME", "prometheus")
     monkeypatch.setenv("TRACEHOUND_PASSWORD_FILE", str(secret))
     assert "tracehound_scrape_samples" in fetch(exporter.url, DEADLINE_S)
+
+
+def served_serial(port, context) -> str:
+    with socket.create_connection(("127.0.0.1", port), timeout=DEADLINE_S) as raw_sock:
+        with context.wrap_socket(raw_sock, server_hostname="127.0.0.1") as sock:
+            return sock.getpeercert()["serialNumber"]
+
+
+def replace(tls, source: str, target: str) -> None:
+    """Swap a file in whole, as a renewal does (a rename, never a partial write)."""
+    shutil.copy(tls.path(source), tls.path(target + ".new"))
+    os.replace(tls.path(target + ".new"), tls.path(target))
+
+
+def test_a_renewed_certificate_is_served_without_a_restart(tls, serve, caplog):
+    replace(tls, "server.crt", "live.crt")
+    replace(tls, "server.key", "live.key")
+    path = tls.web_config("live.yml", {"tls_server_config": {"cert_file": "live.crt",
+                                                             "key_file": "live.key"}})
+    exporter = serve(path)
+    context = client_context(tls)
+    first = served_serial(exporter.port, context)
+    tls_files.signed(tls.directory, "renewed", "/CN=127.0.0.1",
+                     "subjectAltName=IP:127.0.0.1\nextendedKeyUsage=serverAuth\n")
+    # a broken certificate: the one in use stays
+    with open(tls.path("broken.crt"), "w") as f:
+        f.write("-----BEGIN CERTIFICATE-----\nnot one\n-----END CERTIFICATE-----\n")
+    replace(tls, "broken.crt", "live.crt")
+    assert served_serial(exporter.port, context) == first
+    assert "do not load" in caplog.text
+    # the renewal lands: key first, then certificate
+    replace(tls, "renewed.key", "live.key")
+    replace(tls, "renewed.crt", "live.crt")
+    renewed = served_serial(exporter.port, context)
+    assert renewed != first
+    assert get(exporter.port, "/healthz", context)[0] == 200
+    assert exporter.web.reloader.reloads == 1

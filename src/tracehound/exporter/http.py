@@ -41,7 +41,7 @@ import socket
 import ssl
 import threading
 import time
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
 from .connection import Abandon, Handler
 from .messages import Request, Response
@@ -78,7 +78,8 @@ class _Slot:
 
 class HTTPServer:
     """Serves `app` (Request -> Response) on host:port; see the module doc.
-    `tls` (an ssl.SSLContext) serves HTTPS; `guard(request, app)` runs
+    `tls` (an ssl.SSLContext, or a function that returns the one for each
+    new connection) serves HTTPS; `guard(request, app)` runs
     before the application for every request (authentication);
     `extra_headers` go on every response."""
 
@@ -87,7 +88,7 @@ class HTTPServer:
                  write_timeout: float = DEFAULT_WRITE_TIMEOUT,
                  max_connections: int = DEFAULT_MAX_CONNECTIONS,
                  backlog: int = DEFAULT_BACKLOG,
-                 tls: Optional[ssl.SSLContext] = None,
+                 tls: Union[ssl.SSLContext, Callable[[], ssl.SSLContext], None] = None,
                  guard: Guard = _unguarded,
                  extra_headers: tuple = (),
                  peer_check: Optional[Callable[[ssl.SSLSocket], bool]] = None):
@@ -242,7 +243,8 @@ class HTTPServer:
         plain one in the slot (None: the client failed it, and is closed)."""
         deadline = time.monotonic() + self.idle_timeout
         try:
-            tls = self.tls.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+            context = self.tls() if callable(self.tls) else self.tls
+            tls = context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
         except (OSError, ValueError) as exc:
             log.debug("TLS setup failed: %r", exc)
             return None

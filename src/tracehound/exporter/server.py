@@ -111,7 +111,8 @@ class Exporter:
                                       idle_timeout=self.idle_timeout,
                                       write_timeout=self.write_timeout,
                                       max_connections=self.max_connections,
-                                      backlog=self.backlog, tls=web.tls,
+                                      backlog=self.backlog,
+                                      tls=web.reloader.current if web.reloader else web.tls,
                                       guard=web.auth.guard if web.auth else _open,
                                       extra_headers=web.headers,
                                       peer_check=web.peer_allowed if web.allowed_sans else None)

@@ -18,8 +18,9 @@ so that a fleet reuses the files it has:
 
 The file is read once, at start: any error (an unknown key, a file that
 cannot be read, a certificate that does not match its key) stops the agent
-before anything is started. Certificates are not reloaded: a restart picks
-up renewed ones.
+before anything is started. The certificate, key and client CA files are
+read again when they change (tls_reload.py); the file itself (users,
+headers, settings) takes a restart.
 """
 from __future__ import annotations
 
@@ -33,6 +34,7 @@ from typing import Optional
 import yaml
 
 from .basic_auth import BasicAuth, check_hash
+from .tls_reload import CertificateReloader
 
 TOP_KEYS = {"tls_server_config", "http_server_config", "basic_auth_users"}
 TLS_KEYS = {"cert", "key", "client_ca", "cert_file", "key_file", "client_auth_type",
@@ -75,6 +77,8 @@ class WebConfig:
     auth: Optional[BasicAuth] = None
     headers: tuple = ()
     allowed_sans: tuple = ()
+    # rebuilds `tls` when its certificate, key or CA files change
+    reloader: Optional[CertificateReloader] = None
     client_auth_type: str = "NoClientCert"
     notes: list = field(default_factory=list)
 
@@ -182,6 +186,24 @@ def _tls(config: WebConfig, section: dict, base: str) -> None:
     if sans and auth_type != "RequireAndVerifyClientCert":
         raise WebConfigError(f"{where}.client_allowed_sans needs client_auth_type "
                              "RequireAndVerifyClientCert")
+    def make() -> ssl.SSLContext:
+        return _context(get, base, verify, has_ca)
+
+    config.tls = make()
+    files = [_path(base, get[k]) for k in ("cert_file", "key_file", "client_ca_file") if get[k]]
+    if files:
+        config.reloader = CertificateReloader(make, files, config.tls)
+    if auth_type == "RequestClientCert":
+        config.notes.append("client_auth_type RequestClientCert is served as NoClientCert "
+                            "(the certificate would not be used)")
+    config.client_auth_type = auth_type
+    config.allowed_sans = tuple(_san(s) for s in sans)
+
+
+def _context(get: dict, base: str, verify, has_ca: bool) -> ssl.SSLContext:
+    """A server context from the checked settings (at start, and again
+    when the files change: tls_reload.py)."""
+    where = "tls_server_config"
     context = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
     for key, default in (("min_version", "TLS12"), ("max_version", "TLS13")):
         name = get[key] or default
@@ -204,12 +226,7 @@ def _tls(config: WebConfig, section: dict, base: str) -> None:
         except (OSError, ssl.SSLError) as exc:
             raise WebConfigError(f"{where}.client_ca: cannot load it: {exc}") from None
     context.verify_mode = verify
-    if auth_type == "RequestClientCert":
-        config.notes.append("client_auth_type RequestClientCert is served as NoClientCert "
-                            "(the certificate would not be used)")
-    config.tls = context
-    config.client_auth_type = auth_type
-    config.allowed_sans = tuple(_san(s) for s in sans)
+    return context
 
 
 def _san(value: str) -> str:
