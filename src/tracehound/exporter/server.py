@@ -129,11 +129,13 @@ class Exporter:
         if not loopback(self.host) and not web.secure:
             # pod, job and process names, pids and kernel-log lines, to anyone
             # who can reach the port
+            missing = " or ".join(part for part, present in
+                                  (("TLS", web.tls is not None),
+                                   ("authentication", web.auth is not None)) if not present)
             log.warning("serving %s without %s to every host that reaches %s: use "
                         "--web.config.file with TLS and basic_auth_users (see "
                         "docs/deployment.md), or --listen 127.0.0.1:%d",
-                        self.url, "authentication" if web.tls else "TLS or authentication",
-                        self.host, self.port)
+                        self.url, missing or "authentication", self.host, self.port)
         return self
 
     def stop(self) -> None:
