@@ -7,8 +7,8 @@ The limit is a deadline, not a per-read timeout, so a client that drips one
 byte at a time is dropped on time too.
 
 Writing: a response must be taken by the client within `write_timeout`
-seconds of its start, and make progress at least every `idle_timeout`
-seconds; a client that stops reading is dropped when either passes. Writes
+seconds from its first byte (a streamed body's rendering included), and
+make progress at least every `idle_timeout` seconds; a client that stops reading is dropped when either passes. Writes
 never block the thread beyond that: while the client's socket is full the
 connection is marked stalled, which lets the server close it first when it
 needs room for a new scrape (http.py).
@@ -138,7 +138,6 @@ class Handler(http.server.BaseHTTPRequestHandler):
             if not line:
                 return
             self.raw_requestline = line
-            self._write_deadline = time.monotonic() + self.server.write_timeout
             if len(line) > MAX_REQUEST_LINE:
                 self.send_error(414)
                 return
@@ -223,6 +222,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self._respond(text_response(code, text + "\n"))
 
     def _respond(self, response: Response):
+        # from the answer's first byte: a slow collection is not the client's fault
+        self._write_deadline = time.monotonic() + self.server.write_timeout
         response.headers.extend(self.server.extra_headers)
         try:
             head = self._head(response)
