@@ -21,20 +21,24 @@ from .waiting import DEADLINE_S, wait_until
 # far more than the server's socket send buffer (tcp_wmem's 4 MiB) and the
 # client's: a client that does not read leaves the server stalled writing
 BIG = b"x" * (8 << 20)
+HUGE = b"y" * (32 << 20)         # room for a reader to take some and still stall
 HELD = 12
 
 
 def app(request):
     if request.path == "/big":
         return Response(200, [BIG], [("Content-Type", "application/octet-stream")])
+    if request.path == "/huge":
+        return Response(200, [HUGE], [("Content-Type", "application/octet-stream")])
     return Response(200, b"ok\n", [("Content-Type", "text/plain")])
 
 
-def non_reader(port: int, path: str = "/big") -> socket.socket:
+def non_reader(port: int, path: str = "/big", small: bool = True) -> socket.socket:
     """A connection that sends its request and never reads: a receive
     buffer as small as the kernel allows, set before the handshake."""
     sock = socket.socket()
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
+    if small:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 1024)
     sock.settimeout(DEADLINE_S)
     sock.connect(("127.0.0.1", port))
     sock.sendall(f"GET {path} HTTP/1.1\r\nHost: x\r\n\r\n".encode())
@@ -111,6 +115,37 @@ def test_the_evicted_non_reader_is_closed_by_the_server(server):
     finally:
         first.close()
         second.close()
+
+
+def slot_of(server, sock):
+    """The server's bookkeeping of the connection sock is the client end of."""
+    port = sock.getsockname()[1]
+    found = [slot for slot in list(server._slots.values()) if slot.sock.getpeername()[1] == port]
+    return found[0] if found else None
+
+
+def test_a_slow_reader_outlives_a_non_reader_that_came_later(server):
+    srv = server(max_connections=2)
+    # it will read, in bursts: a receive buffer of the usual size
+    slow = non_reader(srv.port, "/huge", small=False)
+    wait_until(lambda: stalled(srv, 1), "the slow reader's answer to fill its socket")
+    still = non_reader(srv.port)
+    try:
+        wait_until(lambda: stalled(srv, 2), "both connections stalled writing")
+        mark = slot_of(srv, slow).stalled_since
+        got = 0
+        # a burst: until the server has made progress on it and waits again
+        while slot_of(srv, slow).stalled_since == mark:
+            got += len(slow.recv(1 << 20))
+            assert got < len(HUGE) // 2, "the server never stalled again"
+        wait_until(lambda: slot_of(srv, slow).stalled, "the slow reader's connection to stall")
+        assert get(srv.port)[0] == 200
+        # the one that made no progress for longest went, not the older answer
+        assert drained_short(still, len(BIG))
+        assert slot_of(srv, slow) is not None
+    finally:
+        slow.close()
+        still.close()
 
 
 def test_a_client_that_does_not_read_is_dropped_at_the_write_deadline(server):

@@ -324,7 +324,8 @@ class Handler(http.server.BaseHTTPRequestHandler):
                     return sock.send(chunk)
                 except _WOULD_BLOCK as exc:
                     want_read = isinstance(exc, ssl.SSLWantReadError)
-                if slot is not None:
+                if slot is not None and not slot.stalled:
+                    slot.stalled_since = time.monotonic()
                     slot.stalled = True
                 if slot is None or slot.evicted or self.server.closing:
                     raise ConnectionAbortedError("connection closed by the server")

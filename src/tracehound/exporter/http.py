@@ -12,8 +12,8 @@ others, so:
 * at most `max_connections` connections are open at once. When a new one
   arrives at the limit, room is made by closing, in this order, the
   connection idle longest (waiting for a request, or still sending its
-  request head), then the one stalled longest in the middle of a response
-  (its client not reading). Only when every open connection is being
+  request head), then the one that has made no progress for longest in the
+  middle of a response (its client not reading). Only when every open connection is being
   answered (in the application, or taking its bytes) is the new one refused
   at once with 503. A client that stops reading therefore never keeps a
   real scrape waiting, and threads stay bounded;
@@ -66,7 +66,7 @@ def _unguarded(request: Request, app: Callable[[Request], Response]) -> Response
 class _Slot:
     """Bookkeeping of one open connection."""
 
-    __slots__ = ("sock", "busy", "since", "evicted", "stalled")
+    __slots__ = ("sock", "busy", "since", "evicted", "stalled", "stalled_since")
 
     def __init__(self, sock: socket.socket):
         self.sock = sock
@@ -74,6 +74,7 @@ class _Slot:
         self.since = time.monotonic()
         self.evicted = False
         self.stalled = False        # writing, and the client's socket has no room
+        self.stalled_since = 0.0    # since when, without progress
 
 
 class HTTPServer:
@@ -217,10 +218,10 @@ class HTTPServer:
         idle = [slot for slot in self._slots.values() if not slot.busy]
         if idle:
             return min(idle, key=lambda slot: slot.since)
-        # since: when its response began
+        # a slow but reading client makes progress, which restarts its clock
         stalled = [slot for slot in self._slots.values() if slot.stalled]
         if stalled:
-            return min(stalled, key=lambda slot: slot.since)
+            return min(stalled, key=lambda slot: slot.stalled_since)
         return None
 
     def _serve_connection(self, sock: socket.socket, address):
