@@ -8,7 +8,8 @@ text, then:
 
 1. non-readers: --non-readers connections ask for /metrics and never read
    (a 1 KiB receive buffer); for --seconds while they hold on, a real
-   scrape is made every half second (status and seconds);
+   scrape is made every half second (status and seconds), then how long
+   until a scrape is answered again once they hang up (at most 60 s);
 2. concurrent readers: --readers clients read /metrics at full speed at
    once while a real scrape is timed; the server's resident memory is
    sampled before, at its peak, and a few seconds after.
@@ -102,8 +103,13 @@ def non_readers(port: int, args) -> dict:
     finally:
         for sock in held:
             sock.close()
+    # until the server has let go of them
+    began = time.monotonic()
+    while scrape(port)[0] != 200 and time.monotonic() - began < 60:
+        time.sleep(0.2)
     answered = [r for r in rounds if r[1] == 200]
     return {"non_readers": args.non_readers, "rounds": len(rounds),
+            "free_again_after_s": round(time.monotonic() - began, 2),
             "answered_200": len(answered), "refused_503": sum(r[1] == 503 for r in rounds),
             "first_200_at_s": answered[0][0] if answered else None,
             "slowest_200_s": max((r[2] for r in answered), default=None),
