@@ -52,7 +52,8 @@ class Agent:
         self.subsystems = [cls(ctx) for cls in subsystems]
         self.registry = CollectorRegistry(auto_describe=False)
         self.events = EventLog()
-        self.exporter = Exporter(self.registry, config.listen, {"/events": self.events.wsgi})
+        self.exporter = Exporter(self.registry, config.listen, {"/events": self.events.wsgi},
+                                 web_config=config.web_config)
         self.schedule: DetectorSchedule | None = None
         self._started: list = []
         self._stop = stop if stop is not None else threading.Event()

@@ -39,3 +39,5 @@ class AgentConfig:
     instance: str = defaults.INSTANCE
     # a fatal XID keeps the GPU's recent_fatal_xid health condition this long
     gpu_fatal_xid_window_s: float = defaults.GPU_FATAL_XID_WINDOW_S
+    # exporter TLS, authentication and headers (exporter.webconfig.WebConfig)
+    web_config: object | None = None

@@ -1,6 +1,8 @@
 """A small fleet on one host: three agents, each in a network namespace of its
 own (its "node"), scraped by a real Prometheus with deploy/prometheus's scrape
-job and alerting rules, queried through tracehound.fleet.prometheus.
+job and alerting rules, queried through tracehound.fleet.prometheus. As
+shipped, the job scrapes over TLS with a password: the agents serve a web
+config with a certificate for "tracehound" from a CA made for the test.
 
 All agents share this one kernel, so each of them counts every cgroup's I/O:
 node N's workload shows up under every node label. What must hold is that the
@@ -23,7 +25,7 @@ from dataclasses import dataclass
 import pytest
 import yaml
 
-from tests import prometheus_server
+from tests import prometheus_server, tls_files
 from tests.conftest import ROOT, tracehound_cmd
 from tests.kernel.conftest import require_tools, run_in_cgroup
 from tracehound.chaos.scaffold import start_writer, stop_workload
@@ -70,13 +72,29 @@ def sh(*argv):
     subprocess.run(argv, check=True, capture_output=True, text=True, timeout=30)
 
 
-def start_agent(node: Node, hook_mode: str, pod_logs: str) -> None:
+def web_config(tmp: str) -> tuple[str, tls_files.TLSFiles, str]:
+    """The agents' web config (TLS for the name the scrape job checks, and a
+    password), the TLS files, and the file with Prometheus's password."""
+    tls = tls_files.make(tmp)
+    tls_files.signed(tmp, "fleet", "/CN=tracehound",
+                     "subjectAltName=DNS:tracehound\nextendedKeyUsage=serverAuth\n")
+    config = tls.web_config("web-config.yml", {
+        "tls_server_config": {"cert_file": "fleet.crt", "key_file": "fleet.key"},
+        "basic_auth_users": {"prometheus": tls_files.HASH}})
+    password = tls.path("password")
+    with open(password, "w") as f:
+        f.write(tls_files.PASSWORD)
+    return config, tls, password
+
+
+def start_agent(node: Node, hook_mode: str, pod_logs: str, config: str) -> None:
     # nsenter, not `ip netns exec`: that would also unshare the mount namespace,
     # and the agent would see other mount ids than the workloads' (mnt:<id> labels).
     with open(node.log, "w") as out:
         node.proc = subprocess.Popen(
             ["nsenter", f"--net=/run/netns/{node.netns}", "--", *tracehound_cmd(), "run",
              "--listen", node.target, "--hook-mode", hook_mode, "--pod-logs-dir", pod_logs,
+             "--web.config.file", config,
              # one agent per simulated node on this host: each its own instance
              "--instance", f"thtest-{node.name}"],
             stdout=out, stderr=subprocess.STDOUT)
@@ -115,10 +133,14 @@ def write_pod_logs(base: str) -> str:
     return pods
 
 
-def prometheus_config(nodes, ghost_target: str) -> dict:
-    """deploy/prometheus/scrape.yml's bare-metal job, pointed at this fleet."""
+def prometheus_config(nodes, ghost_target: str, ca: str, password: str) -> dict:
+    """deploy/prometheus/scrape.yml's bare-metal job, pointed at this fleet
+    and at the test's CA and password."""
     with open(SCRAPE) as f:
         job = next(j for j in yaml.safe_load(f)["scrape_configs"] if j["job_name"] == "tracehound")
+    assert job["scheme"] == "https"
+    job["tls_config"]["ca_file"] = ca
+    job["basic_auth"]["password_file"] = password
     job["scrape_interval"] = job["scrape_timeout"] = "1s"
     job["static_configs"] = [{"targets": [n.target], "labels": {"node": n.name}} for n in nodes]
     # no node label: the job's relabelling names it after the host
@@ -148,6 +170,7 @@ def fleet(cgroup_root, tmpfs, hook_mode):
     prom = ExitStack()
     try:
         pod_logs = write_pod_logs(tmp)
+        config, tls, password = web_config(tmp)
         for n in nodes:
             n.log = os.path.join(tmp, f"{n.name}.log")
             sh("ip", "netns", "add", n.netns)
@@ -160,9 +183,10 @@ def fleet(cgroup_root, tmpfs, hook_mode):
             sh("ip", "-n", n.netns, "link", "set", "lo", "up")
             os.makedirs(cgroup_root + n.cgroup)
         for n in nodes:
-            start_agent(n, hook_mode, pod_logs)
+            start_agent(n, hook_mode, pod_logs, config)
         ghost = f"127.0.0.1:{prometheus_server.free_port()}"     # nothing listens there
-        url = prom.enter_context(prometheus_server.serving(tmp, prometheus_config(nodes, ghost)))
+        scrape = prometheus_config(nodes, ghost, tls.ca, password)
+        url = prom.enter_context(prometheus_server.serving(tmp, scrape))
         for n in nodes:
             f = os.path.join(tmpfs, f"fleet-{token}-{n.name}")
             assert run_in_cgroup(cgroup_root, n.cgroup, [["write", f, n.written, 65536],

@@ -29,7 +29,7 @@ POD_SPEC_FIELDS = {"serviceAccountName", "hostPID", "hostNetwork", "hostIPC", "d
 CONTAINER_FIELDS = {"name", "image", "imagePullPolicy", "command", "args", "env", "ports",
                     "startupProbe", "readinessProbe", "livenessProbe", "resources",
                     "securityContext", "volumeMounts", "workingDir", "envFrom"}
-PROBE_FIELDS = {"httpGet", "initialDelaySeconds", "periodSeconds", "timeoutSeconds",
+PROBE_FIELDS = {"httpGet", "tcpSocket", "exec", "initialDelaySeconds", "periodSeconds", "timeoutSeconds",
                 "failureThreshold", "successThreshold", "terminationGracePeriodSeconds"}
 MOUNT_FIELDS = {"name", "mountPath", "readOnly", "subPath", "mountPropagation"}
 HOST_PATH_TYPES = {"", "DirectoryOrCreate", "Directory", "FileOrCreate", "File", "Socket",
@@ -263,18 +263,18 @@ def test_ports_agree_across_agent_service_and_service_monitor(daemonset, contain
                                 if a.startswith("--listen=")))
     ports = {p["name"]: p["containerPort"] for p in container["ports"]}
     assert ports == {"metrics": port}
-    paths = {"startupProbe": "/readyz", "readinessProbe": "/readyz", "livenessProbe": "/healthz"}
-    for kind, path in paths.items():
+    # every HTTP path needs credentials the kubelet lacks: the probes connect
+    for kind in ("startupProbe", "readinessProbe", "livenessProbe"):
         probe = container[kind]
         assert set(probe) <= PROBE_FIELDS, kind
-        assert probe["httpGet"]["path"] == path, kind
-        assert ports.get(probe["httpGet"]["port"], probe["httpGet"]["port"]) == port, kind
+        assert ports.get(probe["tcpSocket"]["port"], probe["tcpSocket"]["port"]) == port, kind
     template = daemonset["spec"]["template"]
     service = one("Service")
     for annotations in (template["metadata"]["annotations"], service["metadata"]["annotations"]):
         assert annotations["prometheus.io/scrape"] == "true"
         assert annotations["prometheus.io/port"] == str(port)
         assert annotations["prometheus.io/path"] == "/metrics"
+        assert annotations["prometheus.io/scheme"] == "https"
     assert service["spec"]["clusterIP"] == "None"   # one endpoint per node
     assert service["spec"]["selector"].items() <= template["metadata"]["labels"].items()
     (svc_port,) = service["spec"]["ports"]

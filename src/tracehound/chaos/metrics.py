@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import json
 import re
-import urllib.request
 from dataclasses import dataclass
 
 from ..exporter import text_parse
 from ..fleet import prometheus
+from ..fleet.agent_client import open_agent
 
 DEFAULT_AGENT_URL = "http://127.0.0.1:9560/metrics"
 _NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
@@ -74,9 +74,9 @@ def parse_selector(text: str) -> Selector:
 
 
 def fetch(url: str, timeout: float) -> str:
-    req = urllib.request.Request(url, headers={"Accept": "text/plain"})
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as r:
+        # https, a CA, a client certificate and a password from the environment
+        with open_agent(url, timeout, {"Accept": "text/plain"}) as r:
             return r.read().decode("utf-8", "replace")
     except OSError as exc:
         raise QueryError(f"cannot read {url}: {getattr(exc, 'reason', exc)}") from None

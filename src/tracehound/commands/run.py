@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 import math
 import re
+import sys
 import threading
 import urllib.parse
 
@@ -88,7 +89,13 @@ def add_parser(sub, hook) -> None:
                          description="Load the probes and serve Prometheus metrics until "
                                      "SIGINT/SIGTERM. Needs root.")
     run.add_argument("--listen", default=defaults.LISTEN, metavar="HOST:PORT",
-                     help=f"exporter address (default {defaults.LISTEN})")
+                     help=f"exporter address (default {defaults.LISTEN}, this node only); "
+                          "on any other address use --web.config.file")
+    run.add_argument("--web.config.file", dest="web_config_file", metavar="PATH",
+                     help="TLS and basic authentication for the exporter, in the Prometheus "
+                          "exporter toolkit's format (as node_exporter's): tls_server_config, "
+                          "basic_auth_users, http_server_config; checked at start "
+                          "(see docs/deployment.md)")
     run.add_argument("--skip-fstypes", type=_fstypes, default=DEFAULT_SKIP_FSTYPES,
                      metavar="LIST", help="comma-separated file-system types not to count "
                      "(default: pseudo file systems: proc, sysfs, cgroup, devtmpfs, pipes, sockets...)")
@@ -192,6 +199,15 @@ def _run(args) -> int:
     # libbpf callback (which swallows it), never a kill in the middle of a load.
     stop = threading.Event()
     args.held_signals.hand_over(lambda _signum: stop.set())
+    web_config = None
+    if args.web_config_file:
+        from ..exporter.webconfig import WebConfigError, load
+        try:
+            web_config = load(args.web_config_file)
+        except WebConfigError as exc:
+            print(f"tracehound: error: --web.config.file {args.web_config_file}: {exc}",
+                  file=sys.stderr)
+            return 2
     from ..agent import run
     from ..config import AgentConfig
     skip = () if args.count_all_fstypes else args.skip_fstypes
@@ -209,4 +225,5 @@ def _run(args) -> int:
                            net_all_netns=args.net_all_netns,
                            state_dir=instance.state_dir(args.instance, args.state_dir),
                            instance=args.instance,
-                           gpu_fatal_xid_window_s=args.gpu_fatal_xid_window), stop=stop)
+                           gpu_fatal_xid_window_s=args.gpu_fatal_xid_window,
+                           web_config=web_config), stop=stop)

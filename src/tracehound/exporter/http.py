@@ -1,23 +1,24 @@
 """The agent's HTTP server: a thread per connection, bounded and time-limited.
 
 A node agent is scraped by a handful of Prometheus servers, polled by
-`tracehound top` and chaos probes, and sometimes poked by scanners or
-half-broken proxies. None of those may stop the others, so:
+`tracehound top` and chaos probes, and sometimes poked by scanners, clients
+that stop reading, or half-broken proxies. None of those may stop the
+others, so:
 
 * every accepted connection gets its own daemon thread (HTTP/1.1, with
-  keep-alive);
-* a connection has `idle_timeout` seconds, from being accepted or from the
-  end of its previous response, to deliver a complete request head (request
-  line and headers). The limit is a deadline, not a per-read timeout, so a
-  client that drips one byte at a time is dropped on time too. A response
-  that makes no progress for `idle_timeout` seconds (a client that stopped
-  reading) is abandoned the same way;
+  keep-alive), which reads and writes by deadlines (connection.py): a client
+  that sends its request too slowly, or does not take its response, is
+  dropped when its deadline passes;
 * at most `max_connections` connections are open at once. When a new one
-  arrives at the limit, the connection that has been idle longest (waiting
-  for a request, or still sending its request head) is closed to make room;
-  only when every open connection is in the middle of a response is the new
-  one refused at once with 503. Idle or slow-to-speak sockets therefore
-  never keep a real scrape waiting, and threads stay bounded;
+  arrives at the limit, room is made by closing, in this order, the
+  connection idle longest (waiting for a request, or still sending its
+  request head), then the one that has made no progress for longest in the
+  middle of a response (its client not reading). Only when every open connection is being
+  answered (in the application, or taking its bytes) is the new one refused
+  at once with 503. A client that stops reading therefore never keeps a
+  real scrape waiting, and threads stay bounded;
+* with TLS (webconfig.py), the handshake runs in the connection's thread,
+  by the same deadline as a request head;
 * `close()` stops accepting, shuts down every open connection socket (which
   wakes any thread blocked reading or writing it) and waits briefly for the
   threads; it returns within its timeout whatever the clients do.
@@ -31,318 +32,81 @@ the debug log, and the client gets a plain-text status.
 """
 from __future__ import annotations
 
+import _socket
 import errno
-import http.server
-import io
 import logging
-import re
+import select
 import selectors
 import socket
+import ssl
 import threading
 import time
-import urllib.parse
-from email.utils import formatdate
-from typing import Callable, Optional
+from typing import Callable, Optional, Union
 
-from .messages import Request, Response, status_reason, text_response
+from .connection import Abandon, Handler
+from .messages import Request, Response
 
 log = logging.getLogger(__name__)
 
 DEFAULT_IDLE_TIMEOUT = 10.0
+# a scrape's whole answer; Prometheus gives up on a target long before
+DEFAULT_WRITE_TIMEOUT = 60.0
 DEFAULT_MAX_CONNECTIONS = 64
 DEFAULT_BACKLOG = 128
 
-_MAX_REQUEST_LINE = 8192          # the longest target we serve is short
-_MAX_HEAD = 64 * 1024             # request line and headers, per request
-_SEND_CHUNK = 64 * 1024           # each chunk gets the full write timeout
 _WAIT_AFTER_CLOSE = 1.5           # close(): how long to wait for handler threads
-_ALLOWED_METHODS = ("GET", "HEAD")
-_HOP_BY_HOP = frozenset({"connection", "keep-alive", "transfer-encoding", "content-length",
-                         "proxy-connection", "te", "trailer", "upgrade"})
-# uri-host [ ":" port ] (RFC 9110 7.2): a bracketed IPv6 literal or a reg-name
-_HOST_RE = re.compile(r"(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9\-._~!$&'()*+,;=%]*)(:[0-9]{0,5})?")
-_DIGITS_RE = re.compile(r"[0-9]{1,18}")
-_HEADER_NAME_RE = re.compile(r"[!#$%&'*+\-.^_`|~0-9A-Za-z]+")
+
+Guard = Callable[[Request, Callable[[Request], Response]], Response]
 
 
-class _DeadlineReader(io.RawIOBase):
-    """Socket reads that must all finish by `deadline` (a monotonic time):
-    the timeout of each recv is what is left of the deadline. At most
-    `budget` bytes are read before the next reset (a head of a hundred
-    64 KiB header lines would otherwise be read whole)."""
-
-    def __init__(self, sock: socket.socket):
-        super().__init__()
-        self.sock = sock
-        self.deadline: Optional[float] = None
-        self.budget = _MAX_HEAD
-
-    def reset(self, timeout: float) -> None:
-        self.deadline = time.monotonic() + timeout
-        self.budget = _MAX_HEAD
-
-    def readable(self):
-        return True
-
-    def readinto(self, buf):
-        if self.deadline is not None:
-            left = self.deadline - time.monotonic()
-            if left <= 0:
-                raise socket.timeout("request head not received in time")
-            self.sock.settimeout(left)
-        if self.budget <= 0:
-            raise ConnectionAbortedError("request head too large")
-        view = memoryview(buf)[:self.budget]
-        count = self.sock.recv_into(view)
-        self.budget -= count
-        return count
-
-
-class _Writer:
-    """wfile for BaseHTTPRequestHandler code paths that write directly."""
-
-    def __init__(self, handler: "_Handler"):
-        self.handler = handler
-
-    def write(self, data):
-        self.handler._send(data)
-        return len(data)
-
-    def flush(self):
-        pass
+def _unguarded(request: Request, app: Callable[[Request], Response]) -> Response:
+    return app(request)
 
 
 class _Slot:
     """Bookkeeping of one open connection."""
 
-    __slots__ = ("sock", "busy", "since", "evicted")
+    __slots__ = ("sock", "busy", "since", "evicted", "stalled", "stalled_since")
 
     def __init__(self, sock: socket.socket):
         self.sock = sock
         self.busy = False           # between a complete request head and its response's end
         self.since = time.monotonic()
         self.evicted = False
-
-
-class _Handler(http.server.BaseHTTPRequestHandler):
-    """Parses with the standard library; answers with its own writer."""
-
-    protocol_version = "HTTP/1.1"
-    server: "HTTPServer"
-
-    def setup(self):
-        self.connection = self.request
-        try:
-            self.connection.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        except OSError:
-            pass
-        self.connection.settimeout(self.server.idle_timeout)
-        self._reader = _DeadlineReader(self.connection)
-        self.rfile = io.BufferedReader(self._reader)
-        self.wfile = _Writer(self)
-        self._slot = self.server._slot_of(self.connection)
-
-    def finish(self):
-        try:
-            self.rfile.close()
-        except Exception:
-            pass
-
-    def handle(self):
-        self.close_connection = True
-        self.handle_one_request()
-        while not self.close_connection and not self.server.closing:
-            self.handle_one_request()
-
-    # -- one request ---------------------------------------------------------
-
-    def handle_one_request(self):
-        self.close_connection = True
-        self.command = None
-        self.request_version = self.default_request_version
-        self._reader.reset(self.server.idle_timeout)
-        try:
-            line = self._read_request_line()
-            if not line:
-                return
-            if len(line) > _MAX_REQUEST_LINE:
-                self.send_error(414)
-                return
-            self.raw_requestline = line
-            if not self.parse_request():
-                return
-        except (OSError, ValueError):   # timeout, reset, or the socket shut down under us
-            self.close_connection = True
-            return
-        slot = self._slot
-        if slot is None or not self.server._begin(slot):
-            return                      # evicted while its head arrived, or stopping
-        try:
-            self._answer()
-        finally:
-            self.server._end(slot)
-
-    def _read_request_line(self) -> bytes:
-        # a few empty lines before a request line are tolerated (RFC 9112 2.2)
-        for _ in range(4):
-            line = self.rfile.readline(_MAX_REQUEST_LINE + 1)
-            if line not in (b"\r\n", b"\n"):
-                return line
-        return b""
-
-    def handle_expect_100(self):
-        # bodies are never read: answer straight away (and close afterwards)
-        return True
-
-    def _answer(self):
-        if self.request_version == "HTTP/0.9":
-            self._reject(400, "HTTP/0.9 is not served")
-            return
-        hosts = self.headers.get_all("Host") or []
-        if (len(hosts) > 1 or (not hosts and self.request_version != "HTTP/1.0")
-                or (hosts and not _HOST_RE.fullmatch(hosts[0].strip()))):
-            self._reject(400, "bad Host header")
-            return
-        lengths = self.headers.get_all("Content-Length") or []
-        if len(lengths) > 1 or (lengths and not _DIGITS_RE.fullmatch(lengths[0].strip())):
-            self._reject(400, "bad Content-Length")
-            return
-        if self.headers.get("Transfer-Encoding") or (lengths and int(lengths[0]) > 0):
-            # a body we will not read would be taken for the next request
-            self.close_connection = True
-        if self.command not in _ALLOWED_METHODS:
-            self._respond(text_response(405, "method not allowed: use GET or HEAD\n",
-                                        [("Allow", ", ".join(_ALLOWED_METHODS))]))
-            return
-        target = self.path
-        if not target.startswith("/"):
-            parts = urllib.parse.urlsplit(target)
-            if parts.scheme.lower() not in ("http", "https") or not parts.netloc:
-                self._reject(400, "bad request target")
-                return
-            target = (parts.path or "/") + (f"?{parts.query}" if parts.query else "")
-        raw_path, _, query = target.partition("?")
-        host, port = self.server.server_address[:2]
-        request = Request(self.command, urllib.parse.unquote(raw_path, "latin-1"), query,
-                          self.headers, self.request_version, self.client_address,
-                          str(host), int(port))
-        try:
-            response = self.server.app(request)
-        except Exception as exc:
-            log.debug("%s %s failed: %r", self.command, raw_path, exc)
-            response = text_response(500, "internal error\n")
-        self._respond(response)
-
-    # -- writing -------------------------------------------------------------
-
-    def send_error(self, code, message=None, explain=None):
-        """Protocol-level errors: one plain-text line, then close. The
-        standard library's messages quote the request; they are not echoed."""
-        self._reject(int(code))
-
-    def _reject(self, code: int, why: str = ""):
-        self.close_connection = True
-        text = f"{code} {status_reason(code)}" + (f": {why}" if why else "")
-        self._respond(text_response(code, text + "\n"))
-
-    def _respond(self, response: Response):
-        try:
-            head = self._head(response)
-        except (ValueError, TypeError) as exc:   # headers not fit for the wire
-            log.debug("unsendable response headers: %r", exc)
-            response = text_response(500, "internal error\n")
-            head = self._head(response)
-        if response.length is None:
-            self._stream(head, response)
-            return
-        chunks = [] if self.command == "HEAD" else response.chunks
-        if not chunks or response.length <= _SEND_CHUNK:
-            self._send(head + b"".join(chunks))
-            return
-        self._send(head)
-        for chunk in chunks:
-            self._send(chunk)
-
-    def _stream(self, head: bytes, response: Response):
-        """A body made while it is sent: chunked for HTTP/1.1, delimited by
-        closing the connection for HTTP/1.0 (_head said which)."""
-        try:
-            self._send(head)
-            if self.command == "HEAD":
-                return
-            chunked = self.request_version != "HTTP/1.0"
-            for chunk in response.chunks:
-                if chunk:
-                    self._send(b"%x\r\n%s\r\n" % (len(chunk), chunk) if chunked else chunk)
-            if chunked:
-                self._send(b"0\r\n\r\n")
-        except _Abandon:
-            raise
-        except Exception as exc:
-            # too late for an error status: cut the body short, which the
-            # client sees (no last chunk, or fewer bytes than it parsed)
-            log.debug("%s %s failed while streaming: %r", self.command, self.path, exc)
-            self.close_connection = True
-        finally:
-            response.close()
-
-    def _head(self, response: Response) -> bytes:
-        lines = [f"HTTP/1.1 {response.status} {response.reason or status_reason(response.status)}",
-                 f"Date: {formatdate(usegmt=True)}"]
-        for name, value in response.headers:
-            name, value = str(name), str(value)
-            if not _HEADER_NAME_RE.fullmatch(name) or "\r" in value or "\n" in value:
-                raise ValueError(f"bad header {name!r}")
-            if name.lower() not in _HOP_BY_HOP:
-                lines.append(f"{name}: {value}")
-        if response.length is not None:
-            lines.append(f"Content-Length: {response.length}")
-        elif self.request_version == "HTTP/1.0":
-            self.close_connection = True       # the end of the body is the end of the connection
-        else:
-            lines.append("Transfer-Encoding: chunked")
-        if self.close_connection:
-            lines.append("Connection: close")
-        elif self.request_version == "HTTP/1.0":
-            lines.append("Connection: keep-alive")
-        return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1")
-
-    def _send(self, data):
-        """Write all of data; each chunk may take idle_timeout. A client that
-        stopped reading costs this thread that long, then its connection."""
-        view = memoryview(data)
-        try:
-            for start in range(0, len(view), _SEND_CHUNK):
-                self.connection.settimeout(self.server.idle_timeout)
-                self.connection.sendall(view[start:start + _SEND_CHUNK])
-        except OSError as exc:
-            log.debug("write to %s failed: %r", self.client_address, exc)
-            self.close_connection = True
-            raise _Abandon() from None
-
-    def log_message(self, format, *args):   # no line per request, nor per error
-        pass
-
-
-class _Abandon(Exception):
-    """The connection failed mid-write; its thread just ends."""
+        self.stalled = False        # writing, and the client's socket has no room
+        self.stalled_since = 0.0    # since when, without progress
 
 
 class HTTPServer:
-    """Serves `app` (Request -> Response) on host:port; see the module doc."""
+    """Serves `app` (Request -> Response) on host:port; see the module doc.
+    `tls` (an ssl.SSLContext, or a function that returns the one for each
+    new connection) serves HTTPS; `guard(request, app)` runs
+    before the application for every request (authentication);
+    `extra_headers` go on every response."""
 
     def __init__(self, host: str, port: int, app: Callable[[Request], Response], *,
                  idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+                 write_timeout: float = DEFAULT_WRITE_TIMEOUT,
                  max_connections: int = DEFAULT_MAX_CONNECTIONS,
-                 backlog: int = DEFAULT_BACKLOG):
-        if idle_timeout <= 0:
-            raise ValueError("idle_timeout must be positive")
+                 backlog: int = DEFAULT_BACKLOG,
+                 tls: Union[ssl.SSLContext, Callable[[], ssl.SSLContext], None] = None,
+                 guard: Guard = _unguarded,
+                 extra_headers: tuple = (),
+                 peer_check: Optional[Callable[[ssl.SSLSocket], bool]] = None):
+        if idle_timeout <= 0 or write_timeout <= 0:
+            raise ValueError("idle_timeout and write_timeout must be positive")
         if max_connections < 1:
             raise ValueError("max_connections must be at least 1")
         self.app = app
         self.idle_timeout = float(idle_timeout)
+        self.write_timeout = float(write_timeout)
         self.max_connections = int(max_connections)
+        self.tls = tls
+        self.guard = guard
+        self.extra_headers = tuple(extra_headers)
+        self.peer_check = peer_check
         self.closing = False
+        self.evictions = 0
         self._lock = threading.Lock()
         self._drained = threading.Condition(self._lock)
         self._slots: dict = {}
@@ -438,25 +202,82 @@ class HTTPServer:
             if self.closing:
                 return False
             if len(self._slots) >= self.max_connections:
-                idle = [slot for slot in self._slots.values() if not slot.busy]
-                if not idle:
+                victim = self._victim()
+                if victim is None:
                     return False
-                oldest = min(idle, key=lambda slot: slot.since)
-                oldest.evicted = True
-                del self._slots[oldest.sock]
-                _shut(oldest.sock)      # its thread sees EOF and closes the socket
+                victim.evicted = True
+                self.evictions += 1
+                del self._slots[victim.sock]
+                _shut(victim.sock)      # its thread sees EOF or a failed write, and closes it
             self._slots[sock] = _Slot(sock)
             return True
 
+    def _victim(self) -> Optional[_Slot]:
+        """The connection to close for a new one: the longest idle, else the
+        longest stalled writing (its client reads nothing)."""
+        idle = [slot for slot in self._slots.values() if not slot.busy]
+        if idle:
+            return min(idle, key=lambda slot: slot.since)
+        # a slow but reading client makes progress, which restarts its clock
+        stalled = [slot for slot in self._slots.values() if slot.stalled]
+        if stalled:
+            return min(stalled, key=lambda slot: slot.stalled_since)
+        return None
+
     def _serve_connection(self, sock: socket.socket, address):
         try:
-            _Handler(sock, address, self)
-        except _Abandon:
+            if self.tls is not None:
+                tls = self._handshake(sock, address)
+                if tls is None:
+                    return
+                sock = tls
+            Handler(sock, address, self)
+        except Abandon:
             pass
         except Exception as exc:
             log.debug("connection from %s: %r", address, exc)
         finally:
             self._release(sock)
+
+    def _handshake(self, sock: socket.socket, address) -> Optional[ssl.SSLSocket]:
+        """The TLS handshake by the idle deadline; its socket replaces the
+        plain one in the slot (None: the client failed it, and is closed)."""
+        deadline = time.monotonic() + self.idle_timeout
+        try:
+            context = self.tls() if callable(self.tls) else self.tls
+            tls = context.wrap_socket(sock, server_side=True, do_handshake_on_connect=False)
+        except (OSError, ValueError) as exc:
+            log.debug("TLS setup failed: %r", exc)
+            return None
+        with self._lock:
+            slot = self._slots.pop(sock, None)
+            if slot is None:             # evicted meanwhile
+                _shut(tls)
+                tls.close()
+                return None
+            slot.sock = tls
+            self._slots[tls] = slot
+        try:
+            tls.setblocking(False)
+            while True:
+                try:
+                    tls.do_handshake()
+                    break
+                except ssl.SSLWantReadError:
+                    wait = ([tls], [])
+                except ssl.SSLWantWriteError:
+                    wait = ([], [tls])
+                left = deadline - time.monotonic()
+                if left <= 0 or slot.evicted or self.closing:
+                    raise TimeoutError("TLS handshake not done in time")
+                select.select(*wait, [], left)
+            if self.peer_check is not None and not self.peer_check(tls):
+                raise ssl.SSLError("client certificate not allowed")
+        except (OSError, ValueError) as exc:
+            log.debug("TLS handshake with %s failed: %r", address, exc)
+            self._release(tls)
+            return None
+        return tls
 
     def _release(self, sock: socket.socket):
         with self._lock:
@@ -464,25 +285,26 @@ class HTTPServer:
             if not self._slots:
                 self._drained.notify_all()
         try:
-            sock.shutdown(socket.SHUT_WR)
+            _socket.socket.shutdown(sock, socket.SHUT_WR)
         except OSError:
             pass
         sock.close()
 
     # -- slot states, for the handler ---------------------------------------
 
-    def _slot_of(self, sock: socket.socket) -> Optional[_Slot]:
+    def slot_of(self, sock: socket.socket) -> Optional[_Slot]:
         with self._lock:
             return self._slots.get(sock)
 
-    def _begin(self, slot: _Slot) -> bool:
+    def begin(self, slot: _Slot) -> bool:
         with self._lock:
             if slot.evicted or self.closing:
                 return False
             slot.busy = True
+            slot.since = time.monotonic()
             return True
 
-    def _end(self, slot: _Slot) -> None:
+    def end(self, slot: _Slot) -> None:
         with self._lock:
             slot.busy = False
             slot.since = time.monotonic()
@@ -495,6 +317,7 @@ _BUSY = (b"HTTP/1.1 503 Service Unavailable\r\nContent-Type: text/plain; charset
 
 
 def _refuse(sock: socket.socket) -> None:
+    """503 at once, in plain text (over TLS the client sees a failed handshake)."""
     try:
         sock.setblocking(False)
         sock.send(_BUSY)
@@ -505,7 +328,10 @@ def _refuse(sock: socket.socket) -> None:
 
 
 def _shut(sock: socket.socket) -> None:
+    """Wake whatever thread reads or writes sock: the plain socket's
+    shutdown, also under TLS (SSLSocket.shutdown would drop its TLS state
+    under the thread using it)."""
     try:
-        sock.shutdown(socket.SHUT_RDWR)
+        _socket.socket.shutdown(sock, socket.SHUT_RDWR)
     except OSError:
         pass

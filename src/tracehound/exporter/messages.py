@@ -78,23 +78,6 @@ def status_reason(status: int) -> str:
         return "Unknown"
 
 
-def gzip_accepted(header: Optional[str]) -> bool:
-    """Accept-Encoding lists gzip with a non-zero quality."""
-    for item in (header or "").split(","):
-        coding, *params = [part.strip() for part in item.split(";")]
-        if coding.lower() not in ("gzip", "x-gzip"):
-            continue
-        for param in params:
-            key, _, value = param.partition("=")
-            if key.strip().lower() == "q":
-                try:
-                    return float(value) > 0
-                except ValueError:
-                    return False
-        return True
-    return False
-
-
 class _ErrorSink:
     """wsgi.errors: what an application writes there goes to the debug log."""
 

@@ -2,16 +2,32 @@
 from __future__ import annotations
 
 import errno
+import ipaddress
+import logging
 
 from prometheus_client import CollectorRegistry
 
 from .. import defaults
 from ..errors import SetupError
-from .http import DEFAULT_BACKLOG, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS, HTTPServer
+from .http import (DEFAULT_BACKLOG, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS,
+                   DEFAULT_WRITE_TIMEOUT, HTTPServer)
 from .messages import Request, Response, call_wsgi, text_response
 from .scrape import Scraper
+from .webconfig import WebConfig
+
+log = logging.getLogger(__name__)
 
 DEFAULT_LISTEN = defaults.LISTEN
+
+
+def loopback(host: str) -> bool:
+    """Whether host reaches this machine only (127.0.0.0/8, ::1, localhost)."""
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -33,15 +49,22 @@ class Exporter:
     /healthz answers 200 while the process runs; /readyz and /metrics answer
     503 until set_ready(True) (the agent calls it once its probes are loaded).
     The keyword arguments tune the server: idle_timeout (seconds a connection
-    may take to send a request head), max_connections (open at once; the
-    longest idle is closed to admit a new one) and backlog (listen queue).
+    may take to send a request head, or wait without taking any of its
+    answer), write_timeout (seconds to take a whole answer), max_connections
+    (open at once; the longest idle, then the longest stalled, is closed to
+    admit a new one) and backlog (listen queue). `web_config` (webconfig.py)
+    adds TLS, basic authentication, which guards every path (health and
+    readiness included, as the exporter toolkit does), and response headers.
     """
 
     def __init__(self, registry: CollectorRegistry, listen: str = DEFAULT_LISTEN,
                  routes: dict | None = None, *, idle_timeout: float = DEFAULT_IDLE_TIMEOUT,
+                 write_timeout: float = DEFAULT_WRITE_TIMEOUT,
                  max_connections: int = DEFAULT_MAX_CONNECTIONS,
-                 backlog: int = DEFAULT_BACKLOG):
+                 backlog: int = DEFAULT_BACKLOG, web_config: WebConfig | None = None):
         self.registry = registry
+        self.web = web_config or WebConfig()
+        self.write_timeout = write_timeout
         self.scraper = Scraper(registry)
         self.routes = dict(routes or {})
         self.host, self.port = parse_listen(listen)
@@ -54,7 +77,8 @@ class Exporter:
     @property
     def url(self) -> str:
         host = f"[{self.host}]" if ":" in self.host else self.host
-        return f"http://{host}:{self.port}/metrics"
+        scheme = "https" if self.web.tls is not None else "http"
+        return f"{scheme}://{host}:{self.port}/metrics"
 
     @property
     def ready(self) -> bool:
@@ -81,11 +105,17 @@ class Exporter:
         return text_response(404, f"not found: {request.path} (try /metrics)\n")
 
     def start(self) -> "Exporter":
+        web = self.web
         try:
             self._server = HTTPServer(self.host, self.port, self._handle,
                                       idle_timeout=self.idle_timeout,
+                                      write_timeout=self.write_timeout,
                                       max_connections=self.max_connections,
-                                      backlog=self.backlog)
+                                      backlog=self.backlog,
+                                      tls=web.reloader.current if web.reloader else web.tls,
+                                      guard=web.auth.guard if web.auth else _open,
+                                      extra_headers=web.headers,
+                                      peer_check=web.peer_allowed if web.allowed_sans else None)
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
                 raise SetupError(f"cannot listen on {self.host}:{self.port}: address already "
@@ -94,9 +124,25 @@ class Exporter:
             raise SetupError(f"cannot listen on {self.host}:{self.port}: {exc.strerror}") from None
         self.port = self._server.port
         self._server.start()
+        for note in web.notes:
+            log.warning("%s: %s", web.path, note)
+        if not loopback(self.host) and not web.secure:
+            # pod, job and process names, pids and kernel-log lines, to anyone
+            # who can reach the port
+            missing = " or ".join(part for part, present in
+                                  (("TLS", web.tls is not None),
+                                   ("authentication", web.auth is not None)) if not present)
+            log.warning("serving %s without %s to every host that reaches %s: use "
+                        "--web.config.file with TLS and basic_auth_users (see "
+                        "docs/deployment.md), or --listen 127.0.0.1:%d",
+                        self.url, missing or "authentication", self.host, self.port)
         return self
 
     def stop(self) -> None:
         if self._server:
             self._server.close()
             self._server = None
+
+
+def _open(request: Request, app) -> Response:
+    return app(request)
