@@ -21,6 +21,7 @@ from tracehound.chaos.metrics import QueryError, fetch
 from tracehound.exporter.events import EventLog
 from tracehound.exporter.server import Exporter
 from tracehound.exporter.webconfig import WebConfigError, load
+from tracehound.top.source import MetricsSource, SourceError
 
 from .waiting import DEADLINE_S
 
@@ -215,18 +216,29 @@ def test_plain_http_beyond_this_host_is_warned_about(tls, serve, caplog):
     assert "without TLS or authentication" in record.getMessage()
 
 
-def test_chaos_probes_read_an_agent_over_tls_with_a_password(tls, serve, monkeypatch, tmp_path):
+def _chaos_probe(url):
+    return "tracehound_scrape_samples" in fetch(url, DEADLINE_S)
+
+
+def _top(url):
+    return MetricsSource(url, DEADLINE_S).scrape() is not None
+
+
+@pytest.mark.parametrize("read, refused", [(_chaos_probe, QueryError), (_top, SourceError)],
+                         ids=["chaos-probe", "top"])
+def test_readers_of_an_agent_take_its_tls_and_password_from_the_environment(
+        tls, serve, monkeypatch, tmp_path, read, refused):
     exporter = serve(auth_config(tls))
     for name in ("CA_FILE", "CERT_FILE", "KEY_FILE", "USERNAME", "PASSWORD_FILE"):
         monkeypatch.delenv(f"TRACEHOUND_{name}", raising=False)
     monkeypatch.setenv("TRACEHOUND_CA_FILE", tls.ca)
-    with pytest.raises(QueryError, match="Unauthorized"):
-        fetch(exporter.url, DEADLINE_S)
+    with pytest.raises(refused, match="Unauthorized|401"):
+        read(exporter.url)
     secret = tmp_path / "password"
     secret.write_text(PASSWORD + "\n")
     monkeypatch.setenv("TRACEHOUND_USERNAME", "prometheus")
     monkeypatch.setenv("TRACEHOUND_PASSWORD_FILE", str(secret))
-    assert "tracehound_scrape_samples" in fetch(exporter.url, DEADLINE_S)
+    assert read(exporter.url)
 
 
 def served_serial(port, context) -> str:

@@ -16,6 +16,7 @@ from typing import Optional
 from ..attribution.workload import WORKLOAD_LABELS
 from ..errors import TracehoundError
 from ..fleet import prometheus
+from ..fleet.agent_client import open_agent
 from .model import RATES, TOTALS, Snapshot, add_to_rows, io_row_for
 from .panels import gpu_rows, rdma_error_rows, rdma_object_rows
 from .rates import Scrape, parse_metrics, snapshot
@@ -28,9 +29,9 @@ class SourceError(TracehoundError):
     pass
 
 
-def _get(url: str, timeout: float) -> bytes:
+def _get(url: str, timeout: float, opener=urllib.request.urlopen) -> bytes:
     try:
-        with urllib.request.urlopen(url, timeout=timeout) as resp:
+        with opener(url, timeout=timeout) as resp:
             return resp.read()
     except urllib.error.HTTPError as exc:
         body = exc.read().decode(errors="replace")[:300]
@@ -50,7 +51,8 @@ class MetricsSource:
 
     def scrape(self) -> Scrape:
         start = time.monotonic()
-        body = _get(self.url, self.timeout)
+        # the agent's TLS settings and password (TRACEHOUND_*), over https only
+        body = _get(self.url, self.timeout, open_agent)
         # The agent reads its maps while answering: the middle of the request
         # is the best estimate of when the counters were read.
         taken_at = (start + time.monotonic()) / 2
