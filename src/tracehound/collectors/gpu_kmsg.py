@@ -95,8 +95,9 @@ class GpuKernelLogCollector:
     def _watcher_families(self):
         w = self.watcher
         up = GaugeMetricFamily("tracehound_gpu_kmsg_up",
-                               "1 while the agent reads GPU errors from the kernel log.")
-        up.add_metric([], int(w is not None and w.running))
+                               "1 while the agent reads GPU errors from the kernel log (0 while "
+                               "a failed reader waits to be reopened).")
+        up.add_metric([], int(w is not None and w.running and w.up))
         out = [up]
         if w is None:
             return out
@@ -106,7 +107,9 @@ class GpuKernelLogCollector:
                  "NVIDIA driver lines (Xid, SXid) skipped because they did not parse."),
                 ("records_lost", w.records_lost,
                  "Kernel log records overwritten before the agent read them."),
-                ("overruns", w.overruns, "Reads the kernel ring overtook (EPIPE).")):
+                ("overruns", w.overruns, "Reads the kernel ring overtook (EPIPE)."),
+                ("restarts", w.restarts,
+                 "Times the kernel log reader failed and was reopened after a pause.")):
             fam = CounterMetricFamily(f"tracehound_gpu_kmsg_{name}", doc)
             fam.add_metric([], value)
             out.append(fam)
