@@ -55,16 +55,15 @@ kernel's own.
 from __future__ import annotations
 
 import logging
-import os
-import select
 import threading
 import time
 from dataclasses import replace
-from typing import Callable, Protocol
+from typing import Callable
 
-# the parsers live apart (pure, fuzzed); their names are this module's API too
+# the parsers (pure, fuzzed) and the source live apart; their names are this module's API too
 from .kmsg_parse import (EVENT_KINDS, MALFORMED, GpuKernelEvent, KmsgRecord, normalize_pci,
                          parse_gpu_line, parse_record)
+from .kmsg_source import DEFAULT_PATH, DevKmsg, KmsgSource, read_boot_id
 from .kmsg_state import StateError, StateFile
 
 __all__ = ["EVENT_KINDS", "MALFORMED", "GpuKernelEvent", "KmsgRecord", "normalize_pci",
@@ -73,55 +72,9 @@ __all__ = ["EVENT_KINDS", "MALFORMED", "GpuKernelEvent", "KmsgRecord", "normaliz
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PATH = "/dev/kmsg"
 DEFAULT_STATE = "/var/lib/tracehound/kmsg-seq"
-BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
 # a reader that fails is reopened after 1 s, then 2, 4 ... at most 60 s apart
 BACKOFF_MIN_S, BACKOFF_MAX_S = 1.0, 60.0
-# The kernel refuses (EINVAL) a read buffer smaller than the next record;
-# a formatted record is at most 8 KiB.
-READ_SIZE = 16384
-
-
-class KmsgSource(Protocol):
-    """read(): one record, or None when none came within `timeout` seconds;
-    BrokenPipeError when records were overwritten before being read (the
-    next read returns the oldest record still held)."""
-    def read(self, timeout: float) -> bytes | None: ...
-    def close(self) -> None: ...
-
-
-class DevKmsg:
-    """/dev/kmsg opened at its oldest record, read without blocking."""
-
-    def __init__(self, path: str = DEFAULT_PATH):
-        self.fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        self._poll = select.poll()
-        self._poll.register(self.fd, select.POLLIN)
-
-    def read(self, timeout: float) -> bytes | None:
-        for attempt in (0, 1):
-            try:
-                return os.read(self.fd, READ_SIZE)
-            except BlockingIOError:
-                # a reader that was overtaken wakes with POLLERR; its read says EPIPE
-                if attempt or not self._poll.poll(max(0, int(timeout * 1000))):
-                    return None
-        return None
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-
-def read_boot_id(path: str = BOOT_ID_PATH) -> str | None:
-    try:
-        with open(path) as f:
-            return f.read().strip() or None
-    except OSError:
-        return None
-
 
 EventCallback = Callable[[GpuKernelEvent], None]
 
