@@ -86,16 +86,17 @@ class GpuKernelLog:
         self._fallen: dict[str, int] = {}
         self._init: dict[tuple[str, str], int] = {}
         self._numbers: set[int] = set()
-        self.labels = {"pci_bus_id": FoldedLabels(BUS_IDS_WITHOUT_NVML),
+        # label value -> itself or "other" (gpu/kmsg_labels.py), one bound per label
+        self.bounds = {"pci_bus_id": FoldedLabels(BUS_IDS_WITHOUT_NVML),
                        "xid": FoldedLabels(UNCATALOGUED_XIDS, keep=CATALOG),
                        "sxid": FoldedLabels(SXIDS),
                        "device": FoldedLabels(DEVICE_NAMES)}
 
     def _bus(self, pci: str | None) -> str | None:
-        return self.labels["pci_bus_id"].label(pci)
+        return self.bounds["pci_bus_id"].label(pci)
 
     def _xid(self, number: int):
-        return self.labels["xid"].label(number)
+        return self.bounds["xid"].label(number)
 
     def set_gpus(self, gpus) -> None:
         """The GPUs NVML enumerated (gpu.device.Gpu): before any source starts."""
@@ -106,7 +107,7 @@ class GpuKernelLog:
                 self._identity[key] = {**g.labels, "pci_bus_id": g.pci_bus_id}
                 self.health.add(key)
         if gpus:    # NVML answers: few other bus ids are real
-            self.labels["pci_bus_id"].keep(map(gpu_key, gpus), cap=BUS_IDS_BESIDE_NVML)
+            self.bounds["pci_bus_id"].keep(map(gpu_key, gpus), cap=BUS_IDS_BESIDE_NVML)
 
     def identity(self, key: str | None) -> dict[str, str]:
         if key is None:
@@ -155,8 +156,8 @@ class GpuKernelLog:
             return
         if e.kind == "sxid":
             severity = {True: "fatal", False: "non_fatal"}.get(e.fatal, "unknown")
-            k = (self.labels["device"].label(e.device or ""), key or "",
-                 self.labels["sxid"].label(e.number), severity)
+            k = (self.bounds["device"].label(e.device or ""), key or "",
+                 self.bounds["sxid"].label(e.number), severity)
             with self._lock:
                 self._sxids[k] = self._sxids.get(k, 0) + 1
             if e.history:
@@ -173,7 +174,7 @@ class GpuKernelLog:
             if key and key != OTHER:
                 self.health.fallen_off_bus(key, at)
         elif e.kind == "init_failed":
-            k = (key or "", self.labels["device"].label(e.device or ""))
+            k = (key or "", self.bounds["device"].label(e.device or ""))
             with self._lock:
                 self._init[k] = self._init.get(k, 0) + 1
         else:
@@ -236,4 +237,4 @@ class GpuKernelLog:
                                    sxids=dict(self._sxids), fallen=dict(self._fallen),
                                    init_failed=dict(self._init),
                                    xid_numbers=frozenset(self._numbers),
-                                   folded={name: f.folded for name, f in self.labels.items()})
+                                   folded={name: f.folded for name, f in self.bounds.items()})
