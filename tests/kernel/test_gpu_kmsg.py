@@ -12,6 +12,7 @@ import secrets
 import shutil
 import subprocess
 import tempfile
+import threading
 import time
 import urllib.request
 
@@ -77,9 +78,43 @@ def events(agent) -> list[dict]:
         return json.load(r)["events"]
 
 
+def positioned_state_dir() -> str:
+    """A private --state-dir holding the kernel log's newest position: an
+    agent started on it reads only lines logged after, not what earlier runs
+    (and other tests) left in the ring, which would take up the few distinct
+    bus ids an agent without NVML keeps labels for."""
+    d = tempfile.mkdtemp(prefix="thtest-state-")     # mode 0700, root's: a directory it trusts
+    fd = os.open(KMSG, os.O_RDONLY | os.O_NONBLOCK)
+    seq = None
+    try:
+        while True:
+            try:
+                seq = int(os.read(fd, 16384).split(b",", 2)[1])
+            except BrokenPipeError:
+                continue
+            except BlockingIOError:
+                break
+    finally:
+        os.close(fd)
+    with open("/proc/sys/kernel/random/boot_id") as f:
+        boot = f.read().strip()
+    if seq is not None:
+        with open(os.path.join(d, "kmsg-seq"), "w") as f:
+            f.write(f"{seq} {boot}\n")
+    return d
+
+
+def drain(agent) -> threading.Thread:
+    """Read the agent's output as it comes: each XID event is also a log
+    line, and a pipe nobody reads would block the agent's writes."""
+    t = threading.Thread(target=lambda: agent.proc.stdout.read(), daemon=True)
+    t.start()
+    return t
+
+
 @pytest.fixture
 def state_dir():
-    d = tempfile.mkdtemp(prefix="thtest-state-")
+    d = positioned_state_dir()
     yield d
     shutil.rmtree(d, ignore_errors=True)
 
@@ -87,8 +122,9 @@ def state_dir():
 @pytest.fixture(scope="module")
 def kmsg_agent(hook_mode):
     """An agent of its own: a private kernel-log position and a short fatal-XID window."""
-    d = tempfile.mkdtemp(prefix="thtest-state-")
+    d = positioned_state_dir()
     a = start_agent(hook_mode, "--state-dir", d, "--gpu-fatal-xid-window", str(FATAL_WINDOW_S))
+    drain(a)        # it reads every test's lines, the noisy log's 300 too
     yield a
     stop_agent(a)
     shutil.rmtree(d, ignore_errors=True)
@@ -229,3 +265,79 @@ def test_an_unprivileged_segfault_shaped_like_a_fatal_xid_counts_nothing(kmsg_ag
     assert series(m, "tracehound_gpu_kmsg_malformed_total") >= before + 1
     assert not [e for e in events(kmsg_agent) if e.get("pci_bus_id") == pci and e.get("xid") == 79]
     assert series(m, "tracehound_gpu_kmsg_up") == 1
+
+
+def gpu_series(m: dict, family: str) -> list[dict]:
+    return [dict(ls) for (n, ls) in m if n == family]
+
+
+NOISY_LINES = 300
+
+
+def test_hostile_crashes_and_a_noisy_log_keep_the_series_bounded(hook_mode, tmp_path):
+    """A real binary run as uid 65534 under many hostile names crashes again
+    and again, and root writes XID lines for 300 distinct bus ids (a noisy
+    log): the agent, which has no NVML here, keeps labels for at most
+    BUS_IDS_WITHOUT_NVML bus ids, folds the rest into "other" and counts
+    them, gives "other" no health gauge, and keeps reading."""
+    from tracehound.gpu.kmsg_labels import BUS_IDS_WITHOUT_NVML, OTHER
+    require_tools("gcc", "setpriv", "dmesg")
+    marker = f"thnoise{secrets.token_hex(4)}"
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    os.chmod(tmp_path, 0o755)
+    os.chmod(bindir, 0o755)
+    src = tmp_path / "crash.c"
+    src.write_text(SEGFAULT_C)
+    first = bindir / "crash"
+    subprocess.run(["gcc", "-O0", "-o", str(first), str(src)], check=True)
+    names = []
+    for i in range(40):     # each a bus id and an XID of its own, some not UTF-8
+        name = os.fsencode(f"{marker}{i}):{unique_pci()}): {79 + i}, pid=1, name=forged,")
+        names.append(bindir / os.fsdecode(name + (b"\xff\xfe" if i % 2 else b"")))
+        os.link(first, names[-1])
+    os.chmod(first, 0o755)
+    d = positioned_state_dir()
+    agent = start_agent(hook_mode, "--state-dir", d)
+    drain(agent)
+    try:
+        before = agent.scrape()
+        crashes = 0
+        deadline = time.monotonic() + 60
+        # the kernel rate-limits segfault lines: crash until a few are logged
+        while crashes < len(names) or kernel_lines_with(marker) < 3:
+            assert time.monotonic() < deadline, "the kernel logged too few segfault lines"
+            crash = subprocess.run(["setpriv", "--reuid=65534", "--regid=65534",
+                                    "--clear-groups", str(names[crashes % len(names)])],
+                                   capture_output=True)
+            assert crash.returncode == -11, crash      # SIGSEGV, as nobody
+            crashes += 1
+        domain = 0x1000 + secrets.randbelow(0xd000)
+        for n in range(NOISY_LINES):
+            write_kmsg(f"NVRM: Xid (PCI:{domain + n // 256:04x}:{n % 256:02x}:00): 79, pid=1, "
+                       f"name={marker}, noisy log")
+        want = series(before, XID, xid="79") + NOISY_LINES
+        deadline = time.monotonic() + 30
+        while series(agent.scrape(), XID, xid="79") < want:
+            assert time.monotonic() < deadline, "the noisy lines were not all counted"
+            time.sleep(0.1)
+        m = agent.scrape()
+        xid_buses = {ls["pci_bus_id"] for ls in gpu_series(m, XID)}
+        health_buses = {ls["pci_bus_id"] for ls in gpu_series(m, "tracehound_gpu_health")}
+        assert len(xid_buses - {OTHER}) <= BUS_IDS_WITHOUT_NVML and OTHER in xid_buses
+        assert len(health_buses) <= BUS_IDS_WITHOUT_NVML and OTHER not in health_buses
+        assert len(gpu_series(m, XID)) <= 2 * (BUS_IDS_WITHOUT_NVML + 1)
+        folded = "tracehound_gpu_kmsg_folded_total"
+        assert series(m, folded, label="pci_bus_id") >= \
+            series(before, folded, label="pci_bus_id") + NOISY_LINES - BUS_IDS_WITHOUT_NVML
+        # the crashes were read (as malformed driver lines) and counted as no XID
+        assert series(m, "tracehound_gpu_kmsg_malformed_total") >= \
+            series(before, "tracehound_gpu_kmsg_malformed_total") + 3
+        assert not [ls for ls in gpu_series(m, XID) if ls["xid"] != "79"]
+        assert series(m, "tracehound_gpu_kmsg_up") == 1
+        print(f"{crashes} crashes as uid 65534, {NOISY_LINES} bus ids written: "
+              f"{len(gpu_series(m, XID))} XID series, "
+              f"{len(gpu_series(m, 'tracehound_gpu_health'))} health series")
+    finally:
+        stop_agent(agent)
+        shutil.rmtree(d, ignore_errors=True)

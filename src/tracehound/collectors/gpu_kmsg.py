@@ -6,7 +6,8 @@ its own work. Nothing here reads /dev/kmsg or NVML.
 
 Every per-GPU family is labelled gpu, uuid, model (empty when NVML did not
 enumerate the GPU: no driver, a broken one, or a synthetic bus id) and
-pci_bus_id, the name the kernel log gives it.
+pci_bus_id, the name the kernel log gives it; label values are bounded
+(detect/gpu_kmsg.py): the rest count under "other".
 """
 from __future__ import annotations
 
@@ -15,6 +16,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, InfoM
 from ..gpu.xid_catalog import entries, lookup
 
 IDENTITY = ["gpu", "uuid", "model", "pci_bus_id"]
+
+
+def _by_text(item):
+    """Sort key of a count: label values are numbers, text, "other" or None."""
+    return tuple(str(v) for v in item[0])
 
 
 class GpuKernelLogCollector:
@@ -40,8 +46,7 @@ class GpuKernelLogCollector:
             "tracehound_gpu_xid_errors",
             "XID errors, each counted once whether NVML or the kernel log reported it first.",
             labels=[*IDENTITY, "xid"])
-        for (key, number), n in sorted(counts.xids.items(), key=lambda kv: (str(kv[0][0]),
-                                                                             kv[0][1])):
+        for (key, number), n in sorted(counts.xids.items(), key=_by_text):
             xid.add_metric([*self._lv(key), str(number)], n)
         dups = CounterMetricFamily(
             "tracehound_gpu_xid_duplicates",
@@ -65,7 +70,7 @@ class GpuKernelLogCollector:
             "tracehound_gpu_nvswitch_sxid_errors",
             "NVSwitch SXid errors in the kernel log, by switch and fatal or non-fatal.",
             labels=["device", "pci_bus_id", "sxid", "severity"])
-        for (device, pci, number, severity), n in sorted(counts.sxids.items()):
+        for (device, pci, number, severity), n in sorted(counts.sxids.items(), key=_by_text):
             sxid.add_metric([device, pci, str(number), severity], n)
         fallen = CounterMetricFamily(
             "tracehound_gpu_fallen_off_bus",
@@ -78,7 +83,14 @@ class GpuKernelLogCollector:
             labels=["pci_bus_id", "device"])
         for (pci, device), n in sorted(counts.init_failed.items()):
             init.add_metric([pci, device], n)
-        return [sxid, fallen, init]
+        folded = CounterMetricFamily(
+            "tracehound_gpu_kmsg_folded",
+            "Kernel log GPU reports counted under the label value \"other\": a bus id NVML did "
+            "not enumerate, an XID outside the catalog, an SXid or a device name beyond the few "
+            "kept, by label.", labels=["label"])
+        for label, n in sorted(counts.folded.items()):
+            folded.add_metric([label], n)
+        return [sxid, fallen, init, folded]
 
     def _health_family(self):
         fam = GaugeMetricFamily(
@@ -95,8 +107,9 @@ class GpuKernelLogCollector:
     def _watcher_families(self):
         w = self.watcher
         up = GaugeMetricFamily("tracehound_gpu_kmsg_up",
-                               "1 while the agent reads GPU errors from the kernel log.")
-        up.add_metric([], int(w is not None and w.running))
+                               "1 while the agent reads GPU errors from the kernel log (0 while "
+                               "a failed reader waits to be reopened).")
+        up.add_metric([], int(w is not None and w.running and w.up))
         out = [up]
         if w is None:
             return out
@@ -106,7 +119,9 @@ class GpuKernelLogCollector:
                  "NVIDIA driver lines (Xid, SXid) skipped because they did not parse."),
                 ("records_lost", w.records_lost,
                  "Kernel log records overwritten before the agent read them."),
-                ("overruns", w.overruns, "Reads the kernel ring overtook (EPIPE).")):
+                ("overruns", w.overruns, "Reads the kernel ring overtook (EPIPE)."),
+                ("restarts", w.restarts,
+                 "Times the kernel log reader failed and was reopened after a pause.")):
             fam = CounterMetricFamily(f"tracehound_gpu_kmsg_{name}", doc)
             fam.add_metric([], value)
             out.append(fam)

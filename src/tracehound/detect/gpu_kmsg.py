@@ -17,6 +17,15 @@ name, severity and recommended action, the GPU (gpu/uuid/model when NVML
 enumerated it, empty otherwise; pci_bus_id always when the line names
 one) and the process the driver named (driver_pid, driver_process).
 
+Label values are bounded (gpu/kmsg_labels.py): a bus id NVML did not
+enumerate keeps its own label only among the first few (beside NVML; more
+without it), an XID outside the catalog, an SXid number and a switch or
+device name likewise; the rest are counted under "other" and in
+tracehound_gpu_kmsg_folded_total. A folded bus id feeds no health rule (it
+is not one GPU), so no line can make an enumerated GPU "lost" but one
+naming its own bus id, and the health gauges stay bounded too. Events keep
+the line's own values: they are bounded by the event buffer, not series.
+
 Lines a first start reads back from the ring (no saved position: the
 node's history, possibly hours old) are counted and feed the health rules,
 which time them by the kernel's timestamp, but raise no event each: lines
@@ -32,7 +41,9 @@ from typing import Callable
 from .. import defaults
 from ..gpu.health import GpuHealth, gpu_key
 from ..gpu.kmsg import GpuKernelEvent
-from ..gpu.xid_catalog import kernel_event_info, xid154_recovery_action
+from ..gpu.kmsg_labels import (BUS_IDS_BESIDE_NVML, BUS_IDS_WITHOUT_NVML, DEVICE_NAMES, OTHER,
+                               SXIDS, UNCATALOGUED_XIDS, FoldedLabels)
+from ..gpu.xid_catalog import CATALOG, kernel_event_info, xid154_recovery_action
 from ..gpu.xid_ledger import XidLedger
 from . import now_iso
 from .gpu import GpuDetector
@@ -40,8 +51,6 @@ from .gpu import GpuDetector
 IDENTITY = ("gpu", "uuid", "model", "pci_bus_id")
 # an NVML event for a handle the agent did not enumerate
 UNKNOWN_GPU = {"gpu": "unknown", "uuid": "unknown", "model": "unknown", "pci_bus_id": ""}
-# distinct XID numbers outside the catalog remembered for the info metric
-MAX_UNKNOWN_XIDS = 256
 
 
 @dataclass
@@ -53,6 +62,7 @@ class KernelLogCounts:
     fallen: dict = field(default_factory=dict)        # key -> n
     init_failed: dict = field(default_factory=dict)   # (pci, device) -> n
     xid_numbers: frozenset = frozenset()              # every XID number counted
+    folded: dict = field(default_factory=dict)        # label -> reports folded into "other"
 
 
 class GpuKernelLog:
@@ -76,14 +86,28 @@ class GpuKernelLog:
         self._fallen: dict[str, int] = {}
         self._init: dict[tuple[str, str], int] = {}
         self._numbers: set[int] = set()
+        # label value -> itself or "other" (gpu/kmsg_labels.py), one bound per label
+        self.bounds = {"pci_bus_id": FoldedLabels(BUS_IDS_WITHOUT_NVML),
+                       "xid": FoldedLabels(UNCATALOGUED_XIDS, keep=CATALOG),
+                       "sxid": FoldedLabels(SXIDS),
+                       "device": FoldedLabels(DEVICE_NAMES)}
+
+    def _bus(self, pci: str | None) -> str | None:
+        return self.bounds["pci_bus_id"].label(pci)
+
+    def _xid(self, number: int):
+        return self.bounds["xid"].label(number)
 
     def set_gpus(self, gpus) -> None:
         """The GPUs NVML enumerated (gpu.device.Gpu): before any source starts."""
+        gpus = list(gpus)
         with self._lock:
             for g in gpus:
                 key = gpu_key(g)
                 self._identity[key] = {**g.labels, "pci_bus_id": g.pci_bus_id}
                 self.health.add(key)
+        if gpus:    # NVML answers: few other bus ids are real
+            self.bounds["pci_bus_id"].keep(map(gpu_key, gpus), cap=BUS_IDS_BESIDE_NVML)
 
     def identity(self, key: str | None) -> dict[str, str]:
         if key is None:
@@ -96,9 +120,10 @@ class GpuKernelLog:
 
     def nvml_xid(self, gpu, xid: int, processes: list[dict] = ()) -> None:
         key = gpu_key(gpu) if gpu is not None else None
-        if not self.ledger.report("nvml", key, xid):
+        label = self._xid(xid)
+        if not self.ledger.report("nvml", key, label):
             return
-        self._counted(key, xid, None)
+        self._counted(key, xid, label, None)
         self.detector.xid(self.identity(key), xid, processes, source="nvml",
                           **kernel_event_info("xid", xid))
 
@@ -112,10 +137,12 @@ class GpuKernelLog:
         logged = {"uptime_seconds": round(e.usec / 1e6, 6)} if e.usec is not None else {}
         at = e.usec / 1e6 if e.replayed and e.usec is not None else None
         labels = self.identity(e.pci)     # a line naming no bus id: "unknown", as NVML's
+        key = self._bus(e.pci)
         if e.kind == "xid":
-            if not self.ledger.report("kmsg", e.pci, e.number, at):
+            label = self._xid(e.number)
+            if not self.ledger.report("kmsg", key, label, at):
                 return
-            self._counted(e.pci, e.number, at)
+            self._counted(key, e.number, label, at)
             if e.history:
                 return      # the ring's past at a first start: counted, not news
             extra = {}
@@ -129,8 +156,9 @@ class GpuKernelLog:
             return
         if e.kind == "sxid":
             severity = {True: "fatal", False: "non_fatal"}.get(e.fatal, "unknown")
+            k = (self.bounds["device"].label(e.device or ""), key or "",
+                 self.bounds["sxid"].label(e.number), severity)
             with self._lock:
-                k = (e.device or "", e.pci or "", e.number, severity)
                 self._sxids[k] = self._sxids.get(k, 0) + 1
             if e.history:
                 return
@@ -142,12 +170,12 @@ class GpuKernelLog:
             return
         if e.kind == "fallen_off_bus":
             with self._lock:
-                self._fallen[e.pci] = self._fallen.get(e.pci, 0) + 1
-            if e.pci:
-                self.health.fallen_off_bus(e.pci, at)
+                self._fallen[key] = self._fallen.get(key, 0) + 1
+            if key and key != OTHER:
+                self.health.fallen_off_bus(key, at)
         elif e.kind == "init_failed":
+            k = (key or "", self.bounds["device"].label(e.device or ""))
             with self._lock:
-                k = (e.pci or "", e.device or "")
                 self._init[k] = self._init.get(k, 0) + 1
         else:
             return
@@ -170,11 +198,13 @@ class GpuKernelLog:
                              nvlink_up=o.get("nvlink_up"))
         return observations
 
-    def _counted(self, key: str | None, xid: int, at: float | None) -> None:
-        with self._lock:
-            if xid in self._numbers or len(self._numbers) < MAX_UNKNOWN_XIDS:
+    def _counted(self, key: str | None, xid: int, label, at: float | None) -> None:
+        """An XID counted under `label`: its number for the info metric when
+        it kept its own label, and the health rules of a GPU (never of "other")."""
+        if label == xid:
+            with self._lock:
                 self._numbers.add(xid)
-        if key is not None:
+        if key is not None and key != OTHER:
             self.health.xid(key, xid, at)
 
     def _driver_process(self, e: GpuKernelEvent) -> list[dict]:
@@ -206,4 +236,5 @@ class GpuKernelLog:
             return KernelLogCounts(xids=self.ledger.counts(), duplicates=self.ledger.duplicates(),
                                    sxids=dict(self._sxids), fallen=dict(self._fallen),
                                    init_failed=dict(self._init),
-                                   xid_numbers=frozenset(self._numbers))
+                                   xid_numbers=frozenset(self._numbers),
+                                   folded={name: f.folded for name, f in self.bounds.items()})

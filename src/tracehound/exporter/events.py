@@ -6,6 +6,14 @@ device, the errno) and *when the agent decided*. EventLog keeps the last
 `capacity` of them with a sequence number, so a reader polls
 `/events?since=N` and gets only what is new, plus `next` to ask from.
 `dropped` tells a reader that fell behind the ring that it missed some.
+
+Eviction is fair between classes of event (event, kind, condition,
+severity: a fatal XID, a segfault-derived exit, a health change are each
+their own class): when full, the oldest event of the class holding the
+most goes. A flood of one class (thousands of XID 13 lines, crashes of one
+user's program) only ever evicts its own older events once it holds more
+than any other, so a fatal XID of another GPU or another detector's events
+stay readable.
 """
 from __future__ import annotations
 
@@ -17,15 +25,26 @@ from collections import deque
 
 from .utf8 import valid_json
 
+# the fields that make an event's class; each value cut to this many characters
+CLASS_FIELDS = ("event", "kind", "condition", "severity")
+CLASS_VALUE_CHARS = 64
+
 EVENTS_LOGGER = "tracehound.events"
 DEFAULT_CAPACITY = 4096
+
+
+def event_class(event: dict) -> tuple[str, ...]:
+    return tuple(str(event.get(f, ""))[:CLASS_VALUE_CHARS] for f in CLASS_FIELDS)
 
 
 class EventLog(logging.Handler):
     def __init__(self, capacity: int = DEFAULT_CAPACITY):
         super().__init__(level=logging.WARNING)
-        self._ring: deque[dict] = deque(maxlen=capacity)
+        self.capacity = capacity
+        self._events: dict[int, dict] = {}                  # seq -> event, oldest first
+        self._classes: dict[tuple, deque[int]] = {}         # class -> its seqs, oldest first
         self._seq = 0
+        self._evicted_upto = 0      # the newest seq evicted so far
         self._guard = threading.Lock()
         self._logger: logging.Logger | None = None
 
@@ -46,17 +65,30 @@ class EventLog(logging.Handler):
             return      # a plain message on the logger is not an event
         if not isinstance(event, dict):
             return
+        cls = event_class(event)
         with self._guard:
             self._seq += 1
             # a path or a process name read with surrogateescape: the JSON
             # served is UTF-8, its undecodable bytes shown as U+FFFD
-            self._ring.append({**valid_json(event), "seq": self._seq})
+            self._events[self._seq] = {**valid_json(event), "seq": self._seq}
+            self._classes.setdefault(cls, deque()).append(self._seq)
+            if len(self._events) > self.capacity:
+                self._evict()
+
+    def _evict(self) -> None:
+        """The oldest event of the largest class (the oldest such class on a tie)."""
+        cls, seqs = max(self._classes.items(), key=lambda kv: (len(kv[1]), -kv[1][0]))
+        seq = seqs.popleft()
+        if not seqs:
+            del self._classes[cls]
+        del self._events[seq]
+        self._evicted_upto = max(self._evicted_upto, seq)
 
     def since(self, seq: int) -> dict:
         with self._guard:
-            events = [e for e in self._ring if e["seq"] > seq]
-            oldest = self._ring[0]["seq"] if self._ring else self._seq + 1
-            return {"events": events, "next": self._seq, "dropped": seq + 1 < oldest}
+            events = [e for s, e in self._events.items() if s > seq]
+            # an event newer than the reader's position was evicted before it read it
+            return {"events": events, "next": self._seq, "dropped": self._evicted_upto > seq}
 
     def wsgi(self, environ, start_response):
         query = urllib.parse.parse_qs(environ.get("QUERY_STRING", ""))

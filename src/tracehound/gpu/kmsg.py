@@ -35,10 +35,15 @@ Counters (plain int attributes, monotonic for the watcher's life):
   overruns       reads that failed with EPIPE (the ring overtook the reader)
   records_lost   records overwritten before being read, while running or
                  while the agent was down (gaps in sequence numbers)
+  restarts       times the reader failed (a read error, an end of file, an
+                 exception outside one record's handling) and was reopened
+`up` is True while the source is open and reading, False while a failed
+reader waits to be reopened (1 s, doubling to 60 s; logged each time).
 
-Restarts: the last sequence number read is saved with the boot id to
-`state_file` (temp file + rename; at most once per `persist_interval_s`, and
-on stop). A new watcher reads the ring from its oldest record and hands on
+Agent restarts: the last sequence number read is saved with the boot id to
+`state_file` (gpu/kmsg_state.py: a directory only the agent can write, a
+fresh temp file + rename; at most once per `persist_interval_s`, and on
+stop). A new watcher reads the ring from its oldest record and hands on
 only records after the saved one: each line once across agent restarts while
 the ring still holds it. Another boot id, or (boot id unknown) a saved number
 beyond the newest record, means a reboot: the whole ring is new. After a
@@ -49,18 +54,17 @@ kernel's own.
 """
 from __future__ import annotations
 
-import json
 import logging
-import os
-import select
 import threading
 import time
 from dataclasses import replace
-from typing import Callable, Protocol
+from typing import Callable
 
-# the parsers live apart (pure, fuzzed); their names are this module's API too
+# the parsers (pure, fuzzed) and the source live apart; their names are this module's API too
 from .kmsg_parse import (EVENT_KINDS, MALFORMED, GpuKernelEvent, KmsgRecord, normalize_pci,
                          parse_gpu_line, parse_record)
+from .kmsg_source import DEFAULT_PATH, DevKmsg, KmsgSource, read_boot_id
+from .kmsg_state import StateError, StateFile
 
 __all__ = ["EVENT_KINDS", "MALFORMED", "GpuKernelEvent", "KmsgRecord", "normalize_pci",
            "parse_gpu_line", "parse_record", "DevKmsg", "KmsgSource", "KmsgWatcher",
@@ -68,53 +72,9 @@ __all__ = ["EVENT_KINDS", "MALFORMED", "GpuKernelEvent", "KmsgRecord", "normaliz
 
 log = logging.getLogger(__name__)
 
-DEFAULT_PATH = "/dev/kmsg"
 DEFAULT_STATE = "/var/lib/tracehound/kmsg-seq"
-BOOT_ID_PATH = "/proc/sys/kernel/random/boot_id"
-# The kernel refuses (EINVAL) a read buffer smaller than the next record;
-# a formatted record is at most 8 KiB.
-READ_SIZE = 16384
-
-
-class KmsgSource(Protocol):
-    """read(): one record, or None when none came within `timeout` seconds;
-    BrokenPipeError when records were overwritten before being read (the
-    next read returns the oldest record still held)."""
-    def read(self, timeout: float) -> bytes | None: ...
-    def close(self) -> None: ...
-
-
-class DevKmsg:
-    """/dev/kmsg opened at its oldest record, read without blocking."""
-
-    def __init__(self, path: str = DEFAULT_PATH):
-        self.fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-        self._poll = select.poll()
-        self._poll.register(self.fd, select.POLLIN)
-
-    def read(self, timeout: float) -> bytes | None:
-        for attempt in (0, 1):
-            try:
-                return os.read(self.fd, READ_SIZE)
-            except BlockingIOError:
-                # a reader that was overtaken wakes with POLLERR; its read says EPIPE
-                if attempt or not self._poll.poll(max(0, int(timeout * 1000))):
-                    return None
-        return None
-
-    def close(self) -> None:
-        if self.fd >= 0:
-            os.close(self.fd)
-            self.fd = -1
-
-
-def read_boot_id(path: str = BOOT_ID_PATH) -> str | None:
-    try:
-        with open(path) as f:
-            return f.read().strip() or None
-    except OSError:
-        return None
-
+# a reader that fails is reopened after 1 s, then 2, 4 ... at most 60 s apart
+BACKOFF_MIN_S, BACKOFF_MAX_S = 1.0, 60.0
 
 EventCallback = Callable[[GpuKernelEvent], None]
 
@@ -131,18 +91,24 @@ class KmsgWatcher:
                  clock: Callable[[], float] = time.monotonic, *,
                  open_source: Callable[[], KmsgSource] | None = None,
                  boot_id: Callable[[], str | None] = read_boot_id,
-                 poll_s: float = 0.5, persist_interval_s: float = 1.0):
+                 poll_s: float = 0.5, persist_interval_s: float = 1.0,
+                 backoff_s: tuple[float, float] = (BACKOFF_MIN_S, BACKOFF_MAX_S)):
         self.path = path
         self.state_file = state_file
+        self._position = StateFile(state_file) if state_file else None
+        self._state: StateFile | None = None    # the position, when its directory is safe
+        self.state_error: str | None = None     # why no position is kept, if none is
         self.on_event = on_event
         self.clock = clock
         self.open_source = open_source or (lambda: DevKmsg(path))
         self.boot_id = boot_id
         self.poll_s = poll_s
         self.persist_interval_s = persist_interval_s
+        self.backoff_s = backoff_s
         # counters (see the module docstring); state_writes: saves done
         self.records_read = self.gpu_events = self.malformed = 0
-        self.overruns = self.records_lost = self.state_writes = 0
+        self.overruns = self.records_lost = self.state_writes = self.restarts = 0
+        self.up = False                         # the source is open and reads
         self.last_seq: int | None = None
         self.error: str | None = None
         self._source: KmsgSource | None = None
@@ -155,7 +121,7 @@ class KmsgWatcher:
         self._newest_skipped: int | None = None
         self._saved_seq: int | None = None
         self._saved_at = float("-inf")
-        self._logged_read_errors: set[int] = set()
+        self._save_error: str | None = None
 
     def start(self) -> KmsgWatcher:
         if self._thread is not None:
@@ -167,7 +133,9 @@ class KmsgWatcher:
             log.warning("kernel log unavailable, GPU errors it reports will not be seen: %s", exc)
             return self
         self.error = None
+        self.up = True
         self._boot = self.boot_id()
+        self._check_state_dir()
         self._skip_upto = self._resume_point()
         self._saved_seq = self._skip_upto
         self.last_seq = self._skip_upto
@@ -178,12 +146,26 @@ class KmsgWatcher:
         self._thread.start()
         return self
 
+    def _check_state_dir(self) -> None:
+        self._state = self._position
+        if self._state is None:
+            return
+        self.state_error = self._state.refused()
+        if self.state_error:
+            log.warning("kernel log position not kept: %s (the directory must be the agent's "
+                        "own, writable by no other user); every start reads the ring as new",
+                        self.state_error)
+            self._state = None
+
     @property
     def running(self) -> bool:
         return self._thread is not None and self._thread.is_alive()
 
     def wait_caught_up(self, timeout: float | None = None) -> bool:
-        """True once every record the ring held at start has been read."""
+        """True once every record the ring held at start has been read;
+        False at once when no reader was started (the log is unreadable)."""
+        if self._thread is None:
+            return False
         return self._caught_up.wait(timeout)
 
     def stop(self) -> bool:
@@ -198,19 +180,16 @@ class KmsgWatcher:
     def _resume_point(self) -> int | None:
         """The seq to skip up to, or None to hand on the whole ring."""
         self.positioned = False
-        if not self.state_file:
+        if self._state is None:
             return None
         try:
-            with open(self.state_file) as f:
-                state = json.load(f)
-            seq, boot = state["seq"], state.get("boot_id")
-            if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
-                raise ValueError(f"bad seq {seq!r}")
-        except FileNotFoundError:
-            return None
-        except (OSError, ValueError, KeyError, TypeError, AttributeError) as exc:
+            saved = self._state.load()
+        except StateError as exc:
             log.warning("ignoring kernel log position in %s: %s", self.state_file, exc)
             return None
+        if saved is None:
+            return None
+        seq, boot = saved
         self.positioned = True
         if boot and self._boot and boot != self._boot:
             return None     # rebooted: sequence numbers started again
@@ -218,7 +197,7 @@ class KmsgWatcher:
 
     def _save(self, force: bool = False) -> None:
         seq = self.last_seq
-        if not self.state_file or seq is None or seq == self._saved_seq:
+        if self._state is None or seq is None or seq == self._saved_seq:
             return
         if self._skip_upto is not None:
             return      # still below the saved position: never move it back
@@ -226,51 +205,96 @@ class KmsgWatcher:
         if not force and now - self._saved_at < self.persist_interval_s:
             return
         self._saved_at = now
-        tmp = f"{self.state_file}.{os.getpid()}.tmp"
         try:
-            os.makedirs(os.path.dirname(self.state_file) or ".", exist_ok=True)
-            with open(tmp, "w") as f:
-                json.dump({"seq": seq, "boot_id": self._boot}, f)
-            # no fsync: a power loss also empties the ring and changes the boot id
-            os.replace(tmp, self.state_file)
-        except OSError as exc:
-            log.warning("cannot save kernel log position to %s: %s", self.state_file, exc)
+            self._state.save(seq, self._boot)
+        except (OSError, StateError) as exc:
+            if str(exc) != self._save_error:
+                self._save_error = str(exc)
+                log.warning("cannot save kernel log position to %s: %s", self.state_file, exc)
             return
+        self._save_error = None
         self._saved_seq = seq
         self.state_writes += 1
 
     def _run(self) -> None:
+        """Read until stopped; a reader that fails is reopened after a pause
+        that doubles from backoff_s[0] to backoff_s[1], and halves back only
+        after it read for backoff_s[1] without failing."""
+        delay = self.backoff_s[0]
         try:
-            while not self._stop.is_set():
+            while True:
+                opened = time.monotonic()
                 try:
-                    raw = self._source.read(self.poll_s)
-                except BrokenPipeError:
-                    self.overruns += 1
-                    continue
+                    failure = self._read_until_failure()
+                except Exception as exc:  # noqa: BLE001 - the reader restarts, never dies
+                    log.exception("kernel log reader failed")
+                    failure = f"{type(exc).__name__}: {exc}"
+                self.up = False
+                if failure is None or self._stop.is_set():
+                    return
+                if time.monotonic() - opened >= self.backoff_s[1]:
+                    delay = self.backoff_s[0]
+                self._close_source()
+                self.restarts += 1
+                log.warning("kernel log reader stopped (%s); reopening %s in %g s (restart %d)",
+                            failure, self.path, delay, self.restarts)
+                if self._stop.wait(delay):
+                    return
+                delay = min(delay * 2, self.backoff_s[1])
+                try:
+                    self._reopen()
                 except OSError as exc:
-                    if exc.errno not in self._logged_read_errors:
-                        self._logged_read_errors.add(exc.errno)
-                        log.warning("reading %s: %s", self.path, exc)
-                    self._stop.wait(self.poll_s)
-                    continue
-                if raw is None:
-                    self._idle()
-                    continue
-                try:
-                    self._record(raw)
-                except Exception:  # noqa: BLE001 - no record may stop the reader
-                    self.malformed += 1
-                    log.log(logging.WARNING if self.malformed == 1 else logging.DEBUG,
-                            "kernel log record %r could not be read; skipped", raw[:200],
-                            exc_info=True)
-                self._save()
-        except Exception:  # the thread must end with the position saved
-            log.exception("kernel log watcher failed")
+                    self.error = f"cannot read {self.path}: {exc}"
+                    continue    # counted as the next restart's cause
         finally:
+            self.up = False
             self._save(force=True)
-            source, self._source = self._source, None
-            if source is not None:
+            self._close_source()
+
+    def _read_until_failure(self) -> str | None:
+        """None once stopped; else why reading cannot go on."""
+        if self._source is None:
+            return self.error or "no source"
+        self.up = True
+        self.error = None
+        while not self._stop.is_set():
+            try:
+                raw = self._source.read(self.poll_s)
+            except BrokenPipeError:
+                self.overruns += 1
+                continue
+            except OSError as exc:
+                return f"read error: {exc}"
+            if raw is None:
+                self._idle()
+                continue
+            if not raw:
+                return "end of file"     # /dev/kmsg never ends: not the kernel log
+            try:
+                self._record(raw)
+            except Exception:  # noqa: BLE001 - no record may stop the reader
+                self.malformed += 1
+                log.log(logging.WARNING if self.malformed == 1 else logging.DEBUG,
+                        "kernel log record %r could not be read; skipped", raw[:200],
+                        exc_info=True)
+            self._save()
+        return None
+
+    def _reopen(self) -> None:
+        """A new source, read from its oldest record: what was handed on
+        before is skipped as at a start with a saved position."""
+        self._source = self.open_source()
+        seqs = [s for s in (self._skip_upto, self.last_seq) if s is not None]
+        self._skip_upto = max(seqs) if seqs else None
+        self._newest_skipped = None
+
+    def _close_source(self) -> None:
+        source, self._source = self._source, None
+        if source is not None:
+            try:
                 source.close()
+            except OSError:
+                pass
 
     def _idle(self) -> None:
         if not self._caught_up.is_set():
@@ -284,22 +308,19 @@ class KmsgWatcher:
                 log.info("read the kernel log's %d records from before the agent started (no "
                          "saved position): GPU errors among them are counted, not raised as "
                          "events", self.records_read)
+        elif self._skip_upto is not None and self._newest_skipped is not None \
+                and self._newest_skipped >= self._skip_upto:
+            self._skip_upto = None   # reopened after a failure: back where it was
         self._save()
 
     def _rebooted(self) -> None:
         """Saved seq beyond the whole ring: a new boot whose ring is still
-        short. Read it again, handing everything on."""
+        short. Read it again, handing everything on (an open that fails
+        raises: the reader restarts)."""
         log.info("kernel log position %d is beyond the newest record %d: node rebooted",
                  self._skip_upto, self._newest_skipped)
-        self._source.close()
-        self._source = None
-        try:
-            self._source = self.open_source()
-        except OSError as exc:
-            self.error = f"cannot read {self.path}: {exc}"
-            log.warning("kernel log unavailable after reopening: %s", exc)
-            self._stop.set()
-            return
+        self._close_source()
+        self._source = self.open_source()
         self._skip_upto = None
         self._newest_skipped = None
         self.last_seq = None

@@ -125,6 +125,8 @@ class GpuSubsystem(Subsystem):
         w = self._kmsg_watcher
         if w is not None and w.error:
             kmsg = f"not available ({w.error})"
+        elif w is not None and w.state_error:
+            kmsg = f"reading {KMSG_PATH}, position not kept ({w.state_error})"
         else:
             kmsg = f"reading {KMSG_PATH}, position kept in {self.kmsg_state}"
         return [f"gpu: {self.summary}", f"gpu kernel log: {kmsg}"]
