@@ -9,6 +9,7 @@ import sys
 from . import __version__, defaults
 from .bpf.features import MODES
 from .errors import TracehoundError
+from .logsink import log_to_stderr
 from .signals import HeldSignals
 
 # In the order `tracehound --help` lists them.
@@ -43,8 +44,9 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit:
         held.release()
         raise
-    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
-                        format="tracehound: %(levelname)s: %(message)s")
+    # never through a handler that a full, unread standard error can block
+    log_to_stderr(logging.DEBUG if args.verbose else logging.WARNING,
+                  "tracehound: %(levelname)s: %(message)s")
     handler = getattr(args, "handler", None)
     # a command that handles stop signals itself takes them over from here
     args.held_signals = held

@@ -63,6 +63,9 @@ class SnapshotProbe:
     def app_libraries(self):
         return ["/usr/lib/x86_64-linux-gnu/libibverbs.so.1"]
 
+    def app_refusals(self):
+        return 0
+
     def retire_counters(self, cgroup_ids):
         self.retired.append(cgroup_ids)
 

@@ -229,6 +229,20 @@ def kernel_lines_with(text: str) -> int:
     return out.count(text)
 
 
+def crashing_binary(tmp_path, name: str):
+    """SEGFAULT_C built as bin/NAME in a directory uid 65534 can reach."""
+    bindir = tmp_path / "bin"
+    bindir.mkdir()
+    os.chmod(tmp_path, 0o755)
+    os.chmod(bindir, 0o755)
+    src = tmp_path / "crash.c"
+    src.write_text(SEGFAULT_C)
+    binary = bindir / name
+    subprocess.run(["gcc", "-O0", "-o", str(binary), str(src)], check=True)
+    os.chmod(binary, 0o755)
+    return binary
+
+
 def test_an_unprivileged_segfault_shaped_like_a_fatal_xid_counts_nothing(kmsg_agent, tmp_path):
     """Any user's crashing program puts its name first and its file's name
     last in the kernel's segfault line: named to read as a fatal XID of a
@@ -237,15 +251,7 @@ def test_an_unprivileged_segfault_shaped_like_a_fatal_xid_counts_nothing(kmsg_ag
     with open("/proc/sys/debug/exception-trace") as f:
         assert f.read().strip() == "1", "debug.exception-trace=0: the kernel logs no segfaults"
     pci = unique_pci()
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    os.chmod(tmp_path, 0o755)
-    os.chmod(bindir, 0o755)
-    src = tmp_path / "crash.c"
-    src.write_text(SEGFAULT_C)
-    binary = bindir / f"{pci}):79, pid=1, name=forged,"
-    subprocess.run(["gcc", "-O0", "-o", str(binary), str(src)], check=True)
-    os.chmod(binary, 0o755)
+    binary = crashing_binary(tmp_path, f"{pci}):79, pid=1, name=forged,")
     before = series(kmsg_agent.scrape(), "tracehound_gpu_kmsg_malformed_total")
     marker = f"{pci}):79"
     logged = kernel_lines_with(marker)
@@ -283,20 +289,13 @@ def test_hostile_crashes_and_a_noisy_log_keep_the_series_bounded(hook_mode, tmp_
     from tracehound.gpu.kmsg_labels import BUS_IDS_WITHOUT_NVML, OTHER
     require_tools("gcc", "setpriv", "dmesg")
     marker = f"thnoise{secrets.token_hex(4)}"
-    bindir = tmp_path / "bin"
-    bindir.mkdir()
-    os.chmod(tmp_path, 0o755)
-    os.chmod(bindir, 0o755)
-    src = tmp_path / "crash.c"
-    src.write_text(SEGFAULT_C)
-    first = bindir / "crash"
-    subprocess.run(["gcc", "-O0", "-o", str(first), str(src)], check=True)
+    first = crashing_binary(tmp_path, "crash")
+    bindir = first.parent
     names = []
     for i in range(40):     # each a bus id and an XID of its own, some not UTF-8
         name = os.fsencode(f"{marker}{i}):{unique_pci()}): {79 + i}, pid=1, name=forged,")
         names.append(bindir / os.fsdecode(name + (b"\xff\xfe" if i % 2 else b"")))
         os.link(first, names[-1])
-    os.chmod(first, 0o755)
     d = positioned_state_dir()
     agent = start_agent(hook_mode, "--state-dir", d)
     drain(agent)
