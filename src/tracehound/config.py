@@ -39,3 +39,8 @@ class AgentConfig:
     instance: str = defaults.INSTANCE
     # a fatal XID keeps the GPU's recent_fatal_xid health condition this long
     gpu_fatal_xid_window_s: float = defaults.GPU_FATAL_XID_WINDOW_S
+    # the hierarchy the probes count by: auto, v2, freezer, cpuset or memory
+    # (attribution/cgroup_layout.py)
+    cgroup_key: str = "auto"
+    # only cgroups at or under this path of that hierarchy are exported
+    cgroup_scope: str | None = None

@@ -30,7 +30,7 @@ class NetSubsystem(Subsystem):
         if not self.probe.available:
             self.reason = self.probe.reason
         self._collector = NetCollector(self.probe if self.probe.available else None,
-                                       self.sockets, self.ctx.owners)
+                                       self.sockets, self.ctx.v2_owners or self.ctx.owners)
         # bytes acknowledged and received move while a job talks to its peers
         self.ctx.progress.add(self.name, self.sockets.progress)
 
