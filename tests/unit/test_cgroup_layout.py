@@ -121,3 +121,13 @@ def test_scope_keeps_only_paths_at_or_under_it(tmp_path):
     assert normal_scope("/") is None and normal_scope(None) is None
     with pytest.raises(ValueError):
         normal_scope("slurm_n1")
+
+
+def test_doctor_names_the_key_and_a_host_without_one(tmp_path):
+    from tracehound.commands.doctor import cgroup_key_line
+    line, ok = cgroup_key_line("auto", table(tmp_path, TMPFS + v1(37, "freezer")))
+    assert ok and line.split() == ["[ok]", "cgroup", "key", "v1", "freezer", "at",
+                                   "/sys/fs/cgroup/freezer", "(v1", "host:", "no", "cgroup2",
+                                   "mounted)"]
+    line, ok = cgroup_key_line("v2", table(tmp_path, TMPFS + v1(37, "freezer")))
+    assert not ok and line.startswith("  [!!] cgroup key")
