@@ -131,3 +131,18 @@ def test_doctor_names_the_key_and_a_host_without_one(tmp_path):
                                    "mounted)"]
     line, ok = cgroup_key_line("v2", table(tmp_path, TMPFS + v1(37, "freezer")))
     assert not ok and line.startswith("  [!!] cgroup key")
+
+
+def test_a_process_is_labelled_from_its_own_path_in_the_counted_hierarchy(tmp_path):
+    """An XID names a pid: pid 1 in the v1 root is no job, even while a job's
+    process shares its v2 cgroup."""
+    proc = tmp_path / "proc"
+    add_process(proc, 1, cgroup="6:freezer:/\n0::/\n")
+    add_process(proc, 5, cgroup="6:freezer:/slurm/uid_0/job_5/step_0/task_0\n0::/\n")
+    text = TMPFS + v1(37, "freezer") + V2_AT_UNIFIED
+    layout = choose(table(tmp_path, text))
+    owners = Owners(CgroupResolver(str(tmp_path)),
+                    WorkloadResolver(job_id_source=None, pod_source=None),
+                    path_of_pid=lambda pid: layout.path_of_pid(pid, str(proc)))
+    assert owners.of_pid(1) == {"cgroup": "/", **{k: "" for k in owners.of_pid(1) if k != "cgroup"}}
+    assert owners.of_pid(5)["job_id"] == "5" and owners.of_pid(5)["workload"] == "slurm"

@@ -25,7 +25,7 @@ def test_scenario_ran_to_completion(v1_run):
     harness.assert_completed(*v1_run)
 
 
-@pytest.mark.parametrize("check", ["pure_v1", "doctor_names_the_key", "agent_starts", "job_io",
-                                   "job_bytes_exact", "key_metric"])
+@pytest.mark.parametrize("check", ["pure_v1", "agent_starts", "job_io", "job_bytes_exact",
+                                   "key_metric"])
 def test_pure_v1_host(v1_run, check):
     harness.assert_check(*v1_run, check)

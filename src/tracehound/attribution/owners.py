@@ -39,9 +39,6 @@ class Owners:
         s = self.scope
         return s is None or path == s or path.startswith(s + "/")
 
-    def id_in_scope(self, cgroup_id: int) -> bool:
-        return self.scope is None or self.in_scope(self.path(cgroup_id))
-
     @property
     def root(self) -> str:
         return self.cgroups.root
