@@ -98,6 +98,9 @@ def test_two_v1_jobs_count_apart_and_the_v2_root_is_no_job(hook_mode, tmpfs):
             assert series(m, WRITES, **labels) == sizes[k][0], \
                 [dict(ls) for (n, ls), _ in m.items() if n == WRITES and ("mountpoint", tmpfs) in ls]
             assert series(m, READS, **labels) == sizes[k][1]
+            # the exit probe counts by the same key: the job's one worker, clean
+            assert series(m, "tracehound_process_exits_total", cgroup=step, job_id=job,
+                          reason="clean") == 1
         # the root carries the other processes' 8 MB, and no job
         root = [(dict(ls), v) for (n, ls), v in m.items()
                 if n == WRITES and ("cgroup", "/") in ls and ("mountpoint", tmpfs) in ls]
