@@ -10,6 +10,7 @@ import json
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import uuid
 
@@ -21,17 +22,36 @@ from tracehound.host.mounts import MountTable
 
 from .conftest import WORKER, remove_cgroup, series, start_agent, stop_agent
 
-FREEZER = "/sys/fs/cgroup/freezer"
 TAG = uuid.uuid4().hex[:8]
 JOB_A, JOB_B = (str(700000 + int(TAG[:4], 16) * 2 + i) for i in range(2))
 WRITES = "tracehound_io_write_bytes_total"
 READS = "tracehound_io_read_bytes_total"
 
 
+FREEZER = ""     # the v1 freezer hierarchy's mount point (the fixture below)
+
+
 @pytest.fixture(scope="module", autouse=True)
-def needs_freezer_v1():
-    if "freezer" not in v1_hierarchies(MountTable()):
-        pytest.skip("this host mounts no v1 freezer hierarchy (not a hybrid or v1 host)")
+def freezer_v1():
+    """The host's v1 freezer hierarchy; on a host without one (pure v2), one
+    mounted for these tests: freezer is no v2 controller, so the kernel lets
+    a v1 hierarchy have it beside cgroup2, which makes the host hybrid."""
+    global FREEZER
+    found = v1_hierarchies(MountTable()).get("freezer")
+    mounted = None
+    if found is None:
+        mounted = tempfile.mkdtemp(prefix="thtest-freezer-")
+        done = subprocess.run(["mount", "-t", "cgroup", "-o", "freezer", "thtest-freezer", mounted],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            os.rmdir(mounted)
+            pytest.skip(f"no v1 freezer hierarchy and none can be mounted: {done.stderr.strip()}")
+        found = mounted
+    FREEZER = found
+    yield found
+    if mounted is not None:
+        subprocess.run(["umount", mounted], check=False)
+        os.rmdir(mounted)
 
 
 def started(hook_mode: str, *flags: str):
@@ -112,7 +132,7 @@ def test_two_v1_jobs_count_apart_and_the_v2_root_is_no_job(hook_mode, tmpfs):
                          and ("mountpoint", tmpfs) in ls and dict(ls).get("job_id") in (JOB_A, JOB_B))
         assert jobs_total == sizes["a"][0] + sizes["b"][0]
         info = agent.scrape_text()
-        assert 'tracehound_cgroup_key_info{hierarchy="/sys/fs/cgroup/freezer",key="freezer",' \
+        assert f'tracehound_cgroup_key_info{{hierarchy="{FREEZER}",key="freezer",' \
                'layout="hybrid"} 1.0' in info
     finally:
         try:
