@@ -10,9 +10,11 @@ from prometheus_client import CollectorRegistry
 
 from . import preflight
 from .instance import InstanceLock
+from .attribution import cgroup_layout
 from .attribution.cgroups import CgroupResolver
 from .attribution.kubelet import pod_source
 from .attribution.owners import Owners
+from .attribution.procs import cgroup_v2_path
 from .attribution.resolver import WorkloadResolver
 from .config import AgentConfig
 from .detect.schedule import DetectorSchedule
@@ -40,15 +42,24 @@ class Agent:
             self.mounts.mount_namespace_inode()
         except MountTableError as exc:
             raise SetupError(f"--mountinfo {exc}") from None
-        root = self.mounts.cgroup2_root()
-        if root is None:
-            raise SetupError("no cgroup v2 hierarchy is mounted: mount one "
-                             "(mount -t cgroup2 none /sys/fs/cgroup/unified)")
-        self.cgroups = CgroupResolver(root)
-        workloads = WorkloadResolver(
-            root, pod_source=pod_source(config.pod_logs_dir, config.kubelet_url))
-        self.owners = Owners(self.cgroups, workloads)
-        ctx = Context(config, self.mounts, self.owners)
+        # the hierarchy the probes count by (cgroup_layout.py); a v1 key
+        # keeps a v2 resolver beside it for sockets and pressure
+        self.layout = cgroup_layout.choose(self.mounts, config.cgroup_key)
+        pods = pod_source(config.pod_logs_dir, config.kubelet_url)
+        self.cgroups = CgroupResolver(self.layout.root)
+        self.owners = Owners(self.cgroups, WorkloadResolver(self.layout.root, pod_source=pods),
+                             path_of_pid=self.layout.path_of_pid, scope=config.cgroup_scope)
+        self.resolvers = [self.cgroups]
+        v2_owners: Owners | None = self.owners
+        if self.layout.is_v1:
+            v2_owners = None
+            if self.layout.v2_root is not None:
+                v2 = CgroupResolver(self.layout.v2_root)
+                self.resolvers.append(v2)
+                v2_owners = Owners(v2, WorkloadResolver(self.layout.v2_root, pod_source=pods),
+                                   path_of_pid=cgroup_v2_path)
+        ctx = Context(config, self.mounts, self.owners, layout=self.layout,
+                      v2_owners=v2_owners)
         self.subsystems = [cls(ctx) for cls in subsystems]
         self.registry = CollectorRegistry(auto_describe=False)
         self.events = EventLog()
@@ -62,7 +73,8 @@ class Agent:
         # Bind first: a busy port should fail before any BPF is loaded.
         self.exporter.start()
         self.events.attach()
-        self.cgroups.watch()
+        for resolver in self.resolvers:
+            resolver.watch()
         try:
             for s in self.subsystems:
                 self._started.append(s)
@@ -70,7 +82,7 @@ class Agent:
         except BaseException:
             self.stop()
             raise
-        register_all(self.registry, self.subsystems)
+        register_all(self.registry, self.subsystems, self.layout)
         self.schedule = DetectorSchedule(
             [d for s in self.subsystems for d in s.detectors()]).start()
         self.registry.register(self.schedule)
@@ -89,7 +101,8 @@ class Agent:
         for s in reversed(self._started):
             s.close()
         self._started.clear()
-        self.cgroups.close()
+        for resolver in self.resolvers:
+            resolver.close()
 
     def wait(self) -> None:
         self._stop.wait()
@@ -113,6 +126,9 @@ def run(config: AgentConfig, stop: threading.Event,
         try:
             if not stop.is_set():
                 out(f"tracehound: instance {config.instance}")
+                out(f"tracehound: cgroup key: {agent.layout.describe()}")
+                if config.cgroup_scope:
+                    out(f"tracehound: cgroup scope: {config.cgroup_scope}")
                 out(f"tracehound: serving metrics on {agent.exporter.url}")
                 out(f"tracehound: anomaly events on "
                     f"{agent.exporter.url.removesuffix('/metrics')}/events")

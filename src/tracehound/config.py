@@ -41,3 +41,8 @@ class AgentConfig:
     gpu_fatal_xid_window_s: float = defaults.GPU_FATAL_XID_WINDOW_S
     # exporter TLS, authentication and headers (exporter.webconfig.WebConfig)
     web_config: object | None = None
+    # the hierarchy the probes count by: auto, v2, freezer, cpuset or memory
+    # (attribution/cgroup_layout.py)
+    cgroup_key: str = "auto"
+    # only cgroups at or under this path of that hierarchy are exported
+    cgroup_scope: str | None = None

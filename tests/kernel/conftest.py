@@ -72,6 +72,10 @@ def start_agent(hook_mode: str, *extra: str, wrapper: tuple[str, ...] = ()) -> A
     # an instance of its own (unless the test names one): agents of one run
     # overlap, the session's and a test's, and each would refuse the other
     own = () if "--instance" in extra else ("--instance", f"thtest-{uuid.uuid4().hex[:12]}")
+    # the tests make their cgroups in the v2 tree; on a hybrid host auto would
+    # count by a v1 hierarchy (test_cgroup_v1.py asks for that itself)
+    if "--cgroup-key" not in extra:
+        own += ("--cgroup-key", "v2")
     proc = subprocess.Popen([*wrapper, *tracehound_cmd(), "run", "--listen", "127.0.0.1:0",
                              "--hook-mode", hook_mode, *own, *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -137,51 +137,6 @@ def test_series_carry_the_workload_labels(attributed, tmpfs, layout):
     assert len(info) == 1 and expected.items() <= info[0].items(), info
 
 
-FREEZER_V1 = "/sys/fs/cgroup/freezer"
-HOLDER = """
-import os, sys
-for procs in sys.argv[1:3]:
-    with open(procs, "w") as f:
-        f.write(str(os.getpid()))
-fd = os.open(sys.argv[3], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-os.write(fd, b"x" * int(sys.argv[4]))
-os.close(fd)
-print("written", flush=True)
-sys.stdin.read()
-"""
-
-
-def test_slurm_v1_job_on_a_hybrid_host(agent, cgroup_root, cgroup, tmpfs):
-    """Slurm's cgroup/v1 plugin puts a job in v1 hierarchies only; its v2
-    cgroup says nothing. The agent finds the job through the processes'
-    v1 paths while they run."""
-    if not os.path.isdir(os.path.join(FREEZER_V1, ".")) or \
-            not os.path.exists(os.path.join(FREEZER_V1, "cgroup.procs")):
-        pytest.skip("this host has no cgroup v1 freezer hierarchy (not a hybrid host)")
-    step = f"/slurm/uid_0/job_{JOB}/step_0/task_0"
-    made = []
-    make_dirs(FREEZER_V1, step, made)
-    size = 77_777
-    holder = subprocess.Popen(
-        # the v1 job first, as slurmstepd does before its task runs: an agent
-        # looking in between must not see a process of the v2 cgroup outside the job
-        [sys.executable, "-c", HOLDER, FREEZER_V1 + step + "/cgroup.procs",
-         cgroup_root + cgroup + "/cgroup.procs", os.path.join(tmpfs, "attr-v1"), str(size)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline().strip() == "written"
-        m = agent.scrape()
-        got = series(m, "tracehound_io_write_bytes_total", cgroup=cgroup, mountpoint=tmpfs,
-                     workload="slurm", job_id=JOB, step="0", task="0")
-        assert got == size, [dict(ls) for (n, ls), v in m.items()
-                             if n == "tracehound_io_write_bytes_total" and ("cgroup", cgroup) in ls]
-    finally:
-        holder.stdin.close()
-        holder.wait(timeout=30)
-        for d in reversed(made):
-            remove_cgroup(d)
-
-
 def test_a_cgroup_gone_before_the_scrape_keeps_its_name(agent, cgroup_root, tmpfs):
     """A cgroup created, used and removed between two scrapes is exported
     once under its path and workload, not under a bare id."""

@@ -99,8 +99,7 @@ def rdma_families(tmp_path):
                    ("create_cq", 0xFFFFFFFF, 99, "rxe0"): 1},
         events={(0, 1, "PORT_ERR"): 1}, qp_events={(0, 1, "QP_FATAL", 4242, 99): 1},
         qp_states={"RTS": 1}, health={"objects_full": 0}, devices={0: "rxe0"})
-    owners = Owners(Cgroups(), WorkloadResolver(job_id_source=None, pod_source=None,
-                                                v1_lookup=False))
+    owners = Owners(Cgroups(), WorkloadResolver(job_id_source=None, pod_source=None))
     root = tmp_path / "rdma-sysfs" / "class" / "infiniband"    # gpu_families has tmp_path/sys
     add_port(root, "mlx5_0", 1, counters=PMA, hw={"out_of_sequence": 5, "local_ack_timeout_err": 1})
     add_port(root, "rxe0", 1, rate="10 Gb/sec (1X FDR10)", link_layer="Ethernet", hw=RXE_HW,

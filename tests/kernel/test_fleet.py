@@ -96,7 +96,9 @@ def start_agent(node: Node, hook_mode: str, pod_logs: str, config: str) -> None:
              "--listen", node.target, "--hook-mode", hook_mode, "--pod-logs-dir", pod_logs,
              "--web.config.file", config,
              # one agent per simulated node on this host: each its own instance
-             "--instance", f"thtest-{node.name}"],
+             "--instance", f"thtest-{node.name}",
+             # the nodes' cgroups are made in the v2 tree (this host may be hybrid)
+             "--cgroup-key", "v2"],
             stdout=out, stderr=subprocess.STDOUT)
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:

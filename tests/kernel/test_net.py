@@ -217,7 +217,7 @@ def test_sockdiag_finds_the_clients_socket_in_its_cgroup_and_namespace(env, prob
     assert cgid not in sockdiag.scan(100000, all_netns=False).cgroups
     # the collector puts it under the cgroup's path
     owners = Owners(CgroupResolver(cgroup_root),
-                    WorkloadResolver(job_id_source=None, pod_source=None, v1_lookup=False))
+                    WorkloadResolver(job_id_source=None, pod_source=None))
     collector = NetCollector(probe, sockdiag.SockDiag(100000, reuse_s=0), owners)
     families = {f.name: f for f in collector.collect()}
     rel = client[len(cgroup_root):]

@@ -226,7 +226,7 @@ def test_pause_process_marks_the_sandbox_when_the_source_cannot(tmp_path):
     add_process(proc, 701, comm="pause")
     add_process(proc, 702, comm="python3")
     r = WorkloadResolver(str(cg), proc_root=str(proc), pod_source=LogDirPodSource(pods, containers),
-                         job_id_source=None, v1_lookup=False)
+                         job_id_source=None)
     assert r.resolve(trainer_path(SANDBOX)).container == "POD"
     assert r.resolve(trainer_path(other)).container == other[:12]
 

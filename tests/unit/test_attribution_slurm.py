@@ -146,7 +146,7 @@ def opaque_job(tmp_path):
 
 def _resolver(cg, proc, source, clock=None):
     return WorkloadResolver(str(cg), proc_root=str(proc), job_id_source=source, pod_source=None,
-                            v1_lookup=False, clock=clock or FakeClock())
+                            clock=clock or FakeClock())
 
 
 def test_opaque_job_resolved_by_the_source(opaque_job):

@@ -93,7 +93,7 @@ class FakeCgroups:
 def collector(items, tmp_path, max_series=0, latency_histograms="cgroup-mount"):
     p = tmp_path / "mi"
     p.write_text(SAMPLE)
-    workloads = WorkloadResolver(job_id_source=None, pod_source=None, v1_lookup=False)
+    workloads = WorkloadResolver(job_id_source=None, pod_source=None)
     mounts = MountTable(str(p))
     cgroups = FakeCgroups()
     c = col.IoCollector(FakeProbe(items, mounts), mounts, Owners(cgroups, workloads), max_series,

@@ -90,8 +90,7 @@ class FakeCgroups:
 
 
 def make_owners(gone=()) -> Owners:
-    return Owners(FakeCgroups(gone), WorkloadResolver(job_id_source=None, pod_source=None,
-                                                      v1_lookup=False))
+    return Owners(FakeCgroups(gone), WorkloadResolver(job_id_source=None, pod_source=None))
 
 
 def scrape(collector) -> dict:

@@ -101,8 +101,7 @@ class FixedCgroups:
 
 def started_subsystems(maps):
     ctx = Context(AgentConfig(), MountTable(os.path.join(HERE, "mountinfo")),
-                  Owners(FixedCgroups(), WorkloadResolver(job_id_source=None, pod_source=None,
-                                                          v1_lookup=False)))
+                  Owners(FixedCgroups(), WorkloadResolver(job_id_source=None, pod_source=None)))
     io, rdma = IoSubsystem(ctx), RdmaSubsystem(ctx)
     # the probes as start() leaves them, over fixed maps instead of loaded ones
     io.probe._maps = {n: FixedMap(maps[n]) for n in ("io_stats", "io_health")}

@@ -103,7 +103,7 @@ def test_proc_cgroup_text_never_raises(text):
     assert isinstance(parse_proc_cgroup(text), dict)
 
 
-RESOLVER = WorkloadResolver(None, job_id_source=None, pod_source=None, v1_lookup=False)
+RESOLVER = WorkloadResolver(None, job_id_source=None, pod_source=None)
 
 
 @fuzz

@@ -46,6 +46,10 @@ FLAGS = [
     ("--latency", "io.open", "expected on, off"),
     ("--latency", "io.read,", "expected on, off"),
     ("--latency", "", "expected on, off"),
+    ("--cgroup-key", "blkio", "invalid choice"),
+    ("--cgroup-scope", "slurm_n1", "an absolute cgroup path"),
+    ("--cgroup-scope", "/slurm_n1\n/", "an absolute cgroup path"),
+    ("--cgroup-scope", "/" + "x" * 5000, "an absolute cgroup path"),
 ]
 
 

@@ -60,7 +60,7 @@ def tree(tmp_path):
     for path in (TRAINER, OTHER):
         (root / path.lstrip("/")).mkdir(parents=True)
     owners = Owners(CgroupResolver(str(root)),
-                    WorkloadResolver(job_id_source=None, pod_source=None, v1_lookup=False))
+                    WorkloadResolver(job_id_source=None, pod_source=None))
     ids = {p: (root / p.lstrip("/")).stat().st_ino for p in (TRAINER, OTHER)}
     return root, owners, ids
 

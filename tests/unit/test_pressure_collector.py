@@ -42,8 +42,7 @@ class Cgroups:
 
 
 def owners(root) -> Owners:
-    return Owners(Cgroups(root), WorkloadResolver(job_id_source=None, pod_source=None,
-                                                  v1_lookup=False))
+    return Owners(Cgroups(root), WorkloadResolver(job_id_source=None, pod_source=None))
 
 
 def fake_host(tmp_path):

@@ -117,7 +117,7 @@ class FakeCgroups:
 
 def make_owners(cgroups=None) -> Owners:
     return Owners(cgroups or FakeCgroups(),
-                  WorkloadResolver(job_id_source=None, pod_source=None, v1_lookup=False))
+                  WorkloadResolver(job_id_source=None, pod_source=None))
 
 
 def scrape(collector) -> dict:
@@ -257,7 +257,7 @@ def test_rows_name_their_workload_and_filter_by_job(tmp_path):
         (tmp_path / str(pid) / "cgroup").write_text(f"0::{path}\n")
     rows = [ObjectRow("rxe0", "qp", i, pid, "app", True, True) for i, pid in enumerate(cgroups)]
     rows.append(ObjectRow("rxe0", "mr", 9, 99, "gone", False, True))    # exited: no /proc entry
-    resolver = WorkloadResolver(job_id_source=None, pod_source=None, v1_lookup=False)
+    resolver = WorkloadResolver(job_id_source=None, pod_source=None)
     view = label_workloads(ProcessView(list(rows), []), resolver, proc_root=str(tmp_path))
     assert [r.workload for r in view.rows] == ["job 77.1", "1234", "sshd.service", ""]
     assert "job 77.1" in format_view(view)

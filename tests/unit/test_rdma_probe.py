@@ -25,7 +25,7 @@ PROBES = Path(probe_mod.__file__).parent
 
 def context() -> Context:
     owners = Owners(CgroupResolver("/sys/fs/cgroup"),
-                    WorkloadResolver(job_id_source=None, pod_source=None, v1_lookup=False))
+                    WorkloadResolver(job_id_source=None, pod_source=None))
     return Context(AgentConfig(), MountTable(), owners)
 
 

@@ -102,8 +102,7 @@ def test_a_removed_cgroup_is_forgotten_only_when_no_subsystem_refers_to_it(tmp_p
     root = tmp_path / "cg"
     (root / "job").mkdir(parents=True)
     cgroups = CgroupResolver(str(root))
-    owners = Owners(cgroups, WorkloadResolver(job_id_source=None, pod_source=None,
-                                              v1_lookup=False))
+    owners = Owners(cgroups, WorkloadResolver(job_id_source=None, pod_source=None))
     ino = (root / "job").stat().st_ino
     owners.new_scrape()
     assert owners.path(ino) == "/job"

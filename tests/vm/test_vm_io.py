@@ -31,13 +31,13 @@ MODES = ("fentry", "kprobe", "tracepoint")
 #   must count alike (the parity test below), plus one io_uring case.
 # The rest of tests/kernel (cgroup churn, chaos, fleet, live view) exercises
 # userspace on top of the probe and stays on the host; so does Slurm's v1
-# layout, which needs the host's hybrid v1 hierarchies.
+# layout on a hybrid host (test_cgroup_v1.py); a pure v1 host is
+# test_vm_cgroup_v1.py.
 IO_SUITE = ("tests/kernel/test_io_accuracy.py", "tests/kernel/test_io_async.py",
             "tests/kernel/test_agent_options.py::test_latency_off_keeps_counters_exact",
             "tests/kernel/test_agent_options.py::test_latency_histograms_per_mount")
 SUITES = {
-    "fentry": IO_SUITE + ("tests/kernel/test_attribution.py", "--deselect",
-                          "tests/kernel/test_attribution.py::test_slurm_v1_job_on_a_hybrid_host"),
+    "fentry": IO_SUITE + ("tests/kernel/test_attribution.py",),
     "kprobe": IO_SUITE,
     "tracepoint": ("tests/kernel/test_io_accuracy.py::test_python_worker_bytes_exact",
                    "tests/kernel/test_io_accuracy.py::test_probe_modes_reported",

@@ -1,7 +1,8 @@
-"""cgroup v2 id -> path relative to the cgroup2 root.
+"""cgroup id -> path relative to the root of the hierarchy counted by.
 
-bpf_get_current_cgroup_id() returns the kernfs node id of the task's cgroup,
-which is the inode number of its directory in cgroup2fs.
+The probes count by the kernfs node id of the task's cgroup in that
+hierarchy (cgroup_layout.py: the v2 tree, or one v1 controller's), which is
+the inode number of its directory there, in cgroup2fs and v1 cgroupfs alike.
 """
 from __future__ import annotations
 

@@ -9,7 +9,7 @@ I/O scrape alone decided, so the RDMA side kept a resolver of its own.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 from .cgroups import CgroupResolver
 from .procs import cgroup_v2_path
@@ -20,12 +20,24 @@ from .workload import WORKLOAD_LABELS
 class Owners:
     """Thread-safe: scrapes and detectors on their own threads share it."""
 
-    def __init__(self, cgroups: CgroupResolver, workloads: WorkloadResolver):
+    def __init__(self, cgroups: CgroupResolver, workloads: WorkloadResolver,
+                 path_of_pid: Callable[[int], str | None] = cgroup_v2_path,
+                 scope: str | None = None):
         self.cgroups = cgroups
         self.workloads = workloads
+        # the process's path in the hierarchy `cgroups` resolves (the key's)
+        self.path_of_pid = path_of_pid
+        # exported are only cgroups at or under this path (one node's agent
+        # of several on a host); None: all
+        self.scope = normal_scope(scope)
         self._refs: dict[str, frozenset[int]] = {}
         self._gone: set[int] = set()      # found removed, still referred to by someone
         self._lock = threading.RLock()
+
+    def in_scope(self, path: str) -> bool:
+        """Whether a cgroup path is one this agent exports."""
+        s = self.scope
+        return s is None or path == s or path.startswith(s + "/")
 
     @property
     def root(self) -> str:
@@ -68,7 +80,7 @@ class Owners:
 
     def of_pid(self, pid: int) -> dict[str, str]:
         """cgroup and workload labels of a process (for per-process series)."""
-        path = cgroup_v2_path(pid) or "unknown"
+        path = self.path_of_pid(pid) or "unknown"
         with self._lock:
             return {"cgroup": path, **self.workloads.resolve(path).as_dict()}
 
@@ -85,3 +97,14 @@ class Owners:
             self._gone &= in_use
             for _ino, path in self.cgroups.retain(in_use):
                 self.workloads.forget(path)
+
+
+def normal_scope(scope: str | None) -> str | None:
+    """A scope as paths are compared with it: absolute, no trailing "/";
+    "/" (the whole hierarchy) is no scope at all."""
+    if scope is None:
+        return None
+    if not scope.startswith("/"):
+        raise ValueError(f"cgroup scope {scope!r}: not an absolute path")
+    scope = scope.rstrip("/")
+    return scope or None

@@ -45,6 +45,8 @@ class ExitsCollector:
         per_core: dict[tuple, int] = {}
         for key, n in snap.counts.items():
             labels = self.owners.labels(key.cgroup_id)
+            if not self.owners.in_scope(labels[0]):   # another node's (--cgroup-scope)
+                continue
             sig = signal_name(key.signal)
             k = (*labels, key.reason, sig)
             per_exit[k] = per_exit.get(k, 0) + n

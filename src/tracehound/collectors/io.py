@@ -46,6 +46,9 @@ _HIST_CALLS = [(OPS.index(op), _HIST + h * HIST_SLOTS) for h, op in enumerate(HI
 _ORDER = sys.byteorder             # array('Q') is in native order
 
 
+# owner_of: a cgroup this agent does not export
+_OUT_OF_SCOPE = ("(out of scope)",)
+
 class IoSample:
     """Counters for one (cgroup, mount) label set, summed over map keys.
 
@@ -160,6 +163,8 @@ class IoCollector:
             total += 1
             cgid = key.cgroup_id
             owner = owner_of.get(cgid)
+            if owner is _OUT_OF_SCOPE:
+                continue
             if owner is None:
                 ok = alive.get(cgid)
                 if ok is None:
@@ -168,6 +173,9 @@ class IoCollector:
                     dead.append(key)
                     continue
                 owner = owner_of[cgid] = self.owners.labels(cgid)
+                if not self.owners.in_scope(owner[0]):   # another node's (--cgroup-scope)
+                    owner_of[cgid] = _OUT_OF_SCOPE
+                    continue
             mount = mount_of.get((key.mnt, key.flags))
             if mount is None:
                 mount = mount_of[key.mnt, key.flags] = self.mount_labels(key.mnt, key.flags)
@@ -175,7 +183,9 @@ class IoCollector:
         retired: dict[tuple[str, ...], IoSample] = {}
         # dead before this read, so nothing can add to them any more
         for key, values in self.probe.retire(dead):
-            _add_to(retired, self._labels(key), values)
+            labels = self._labels(key)
+            if self.owners.in_scope(labels[0]):
+                _add_to(retired, labels, values)
         self.entries = total - len(dead)
         gone = {k.cgroup_id for k in dead}
         self.owners.retain(self.name, {cg for cg, ok in alive.items() if ok}, gone)

@@ -52,7 +52,10 @@ class NetCollector:
         active = {name.removeprefix("net.") for name in self.probe.modes()}
         per_owner: dict[tuple, dict[str, int]] = {}
         for cgid, values in counted.items():
-            sums = per_owner.setdefault(self.owners.labels(cgid), {})
+            labels = self.owners.labels(cgid)
+            if not self.owners.in_scope(labels[0]):     # another node's (--cgroup-scope)
+                continue
+            sums = per_owner.setdefault(labels, {})
             for name, n in values.items():
                 sums[name] = sums.get(name, 0) + n
         for name, (group, family, text) in COUNTER_FAMILIES.items():
@@ -68,6 +71,8 @@ class NetCollector:
         per_owner: dict[tuple, CgroupTcp] = {}
         for cgid, c in scan.cgroups.items():
             labels = self.owners.labels(cgid)
+            if not self.owners.in_scope(labels[0]):
+                continue
             into = per_owner.get(labels)
             if into is None:
                 per_owner[labels] = c

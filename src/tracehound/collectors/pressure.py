@@ -46,6 +46,8 @@ class PressureCollector:
             "count twice); no series for a cgroup without processes.", labels=owner)
         cut = 0
         for cg in walk.cgroups:
+            if not self.owners.in_scope(cg.path):       # another node's (--cgroup-scope)
+                continue
             labels = [cg.path, *self.owners.workload(cg.path)]
             for res in RESOURCES:
                 for kind in PSI_KINDS:

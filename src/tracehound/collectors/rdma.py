@@ -40,6 +40,8 @@ class RdmaCollector:
         counts: dict[tuple[str, ...], int] = {}
         for o, n in per_owner.values():
             owner = self.owner_label(o)
+            if o.user and not self.owners.in_scope(owner):   # another node's (--cgroup-scope)
+                continue
             workload = self.owners.workload(owner) if o.user else ("",) * len(WORKLOAD_LABELS)
             key = (snap.device_name(o.device), o.type, owner, *workload)
             counts[key] = counts.get(key, 0) + n
@@ -56,12 +58,16 @@ class RdmaCollector:
                                      labels=["op", "errno", *owner])
         per_call: dict[tuple, int] = {}
         for (op, err, cgid), n in snap.verbs.items():
-            key = (op, *self.owners.labels(cgid))
-            per_call[key] = per_call.get(key, 0) + n
+            labels = self.owners.labels(cgid)
+            if self.owners.in_scope(labels[0]):
+                key = (op, *labels)
+                per_call[key] = per_call.get(key, 0) + n
         for key, n in sorted(per_call.items()):
             calls.add_metric(list(key), n)
         for (op, err, cgid), n in sorted(snap.errors().items()):
-            errors.add_metric([op, errno_name(err), *self.owners.labels(cgid)], n)
+            labels = self.owners.labels(cgid)
+            if self.owners.in_scope(labels[0]):
+                errors.add_metric([op, errno_name(err), *labels], n)
         yield calls
         yield errors
         yield from self._app_view(snap, owner)
@@ -88,7 +94,10 @@ class RdmaCollector:
                                     labels=["device", "port", "event", *owner])
         per_owner: dict[tuple, int] = {}
         for (dev, port, event, _tgid, cgid), n in snap.qp_events.items():
-            key = (snap.device_name(dev), str(port), event, *self.owners.labels(cgid))
+            labels = self.owners.labels(cgid)
+            if not self.owners.in_scope(labels[0]):
+                continue
+            key = (snap.device_name(dev), str(port), event, *labels)
             per_owner[key] = per_owner.get(key, 0) + n
         for key, n in sorted(per_owner.items()):
             owned.add_metric(list(key), n)
@@ -128,7 +137,10 @@ class RdmaCollector:
             labels=["device", "type", *owner])
         counts: dict[tuple, int] = {}
         for o in snap.app_objects:
-            key = (o.device, o.type, *self.owners.labels(o.cgroup_id))
+            labels = self.owners.labels(o.cgroup_id)
+            if not self.owners.in_scope(labels[0]):
+                continue
+            key = (o.device, o.type, *labels)
             counts[key] = counts.get(key, 0) + 1
         for key, n in sorted(counts.items()):
             objects.add_metric(list(key), n)
@@ -143,6 +155,8 @@ class RdmaCollector:
         per_call: dict[tuple, int] = {}
         for (op, err, cgid, dev), n in sorted(snap.app_verbs.items()):
             labels = self.owners.labels(cgid)
+            if not self.owners.in_scope(labels[0]):
+                continue
             key = (op, dev, *labels)
             per_call[key] = per_call.get(key, 0) + n
             if err:

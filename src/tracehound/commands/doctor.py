@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 from .. import defaults, instance, preflight
+from ..attribution import cgroup_layout
 from ..bpf import features
 from ..errors import TracehoundError
 from ..host.mounts import MountTable
@@ -25,8 +26,17 @@ def instance_line(name: str = defaults.INSTANCE, run_dir: str = defaults.RUN_DIR
     return check_line(True, "instance", f"{name}: no agent holds it ({where})")
 
 
+def cgroup_key_line(wanted: str = "auto", mounts: MountTable | None = None) -> tuple[str, bool]:
+    """Which hierarchy the probes would count by, and whether there is one."""
+    try:
+        layout = cgroup_layout.choose(mounts or MountTable(), wanted)
+    except TracehoundError as exc:
+        return check_line(False, "cgroup key", str(exc)), False
+    return check_line(True, "cgroup key", layout.describe()), True
+
+
 def doctor(hook_mode: str = "auto", out=print, subsystems=SUBSYSTEMS,
-           instance_name: str = defaults.INSTANCE) -> int:
+           instance_name: str = defaults.INSTANCE, cgroup_key: str = "auto") -> int:
     problems = 0
     out("host:")
     for what, check in (("root", preflight.check_root), ("libbpf", preflight.check_libbpf),
@@ -45,9 +55,9 @@ def doctor(hook_mode: str = "auto", out=print, subsystems=SUBSYSTEMS,
     else:
         tracefs = features.ensure_tracefs()
         out(check_line(tracefs, "tracefs", features.TRACEFS if tracefs else "not mounted and mount failed"))
-        cg = MountTable().cgroup2_root()
-        out(check_line(cg is not None, "cgroup v2", cg or "not mounted: per-cgroup attribution impossible"))
-        problems += (not tracefs) + (cg is None)
+        line, ok = cgroup_key_line(cgroup_key)
+        out(line)
+        problems += (not tracefs) + (not ok)
         out(f"probes (hook mode: {hook_mode}):")
     for s in sections:
         report = s.doctor(hook_mode)
@@ -59,10 +69,14 @@ def doctor(hook_mode: str = "auto", out=print, subsystems=SUBSYSTEMS,
 
 def add_parser(sub, hook) -> None:
     p = sub.add_parser("doctor", parents=[hook], help="show which hooks this kernel offers and why",
-                       description="Check the host (root, BTF, libbpf, tracefs, cgroup v2) and show, "
+                       description="Check the host (root, BTF, libbpf, tracefs, the cgroup hierarchy "
+                               "counted by) and show, "
                                    "per probe, which hook mode would be used and why the others "
                                    "are not.")
     p.add_argument("--instance", type=instance.instance_name, default=defaults.INSTANCE,
                    metavar="NAME", help="the agent instance to report on "
                                         f"(default {defaults.INSTANCE})")
-    p.set_defaults(handler=lambda args: doctor(args.hook_mode, instance_name=args.instance))
+    p.add_argument("--cgroup-key", choices=cgroup_layout.CHOICES, default="auto",
+                   help="the cgroup key `run` would be given (default auto)")
+    p.set_defaults(handler=lambda args: doctor(args.hook_mode, instance_name=args.instance,
+                                               cgroup_key=args.cgroup_key))

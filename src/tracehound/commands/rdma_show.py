@@ -157,10 +157,11 @@ def _pinned(app: bool, instance: str | None = None):
         pinned.close()
 
 
-def workload_name(pid: int, resolver, proc_root: str = "/proc") -> str:
+def workload_name(pid: int, resolver, proc_root: str = "/proc", path_of_pid=cgroup_v2_path) -> str:
     """The most specific workload a process belongs to: Slurm job[.step],
-    namespace/pod, VM, systemd unit; its cgroup path otherwise."""
-    path = cgroup_v2_path(pid, proc_root)
+    namespace/pod, VM, systemd unit; its cgroup path otherwise (in the
+    hierarchy `path_of_pid` reads, the one `resolver` resolves)."""
+    path = path_of_pid(pid, proc_root)
     if path is None:
         return ""
     w = resolver.resolve(path)
@@ -172,14 +173,14 @@ def workload_name(pid: int, resolver, proc_root: str = "/proc") -> str:
 
 
 def label_workloads(view: ProcessView, resolver, job: str | None = None,
-                    proc_root: str = "/proc") -> ProcessView:
+                    proc_root: str = "/proc", path_of_pid=cgroup_v2_path) -> ProcessView:
     """Name each row's workload; with `job`, keep only the rows of processes
     whose Slurm job id, pod name (or namespace/pod) or VM is `job`."""
     names: dict[int, str] = {}
     keep = []
     for r in view.rows:
         if r.pid not in names:
-            names[r.pid] = workload_name(r.pid, resolver, proc_root) if r.pid else ""
+            names[r.pid] = workload_name(r.pid, resolver, proc_root, path_of_pid) if r.pid else ""
         r.workload = names[r.pid]
         if job is None or _matches(r.workload, job):
             keep.append(r)
@@ -244,7 +245,11 @@ def _show(args) -> int:
         absent = subsystem_absent()
         raise TracehoundError("rdma show: " + (absent or view.notes[0].removeprefix("kernel: "))
                               + ", and no agent with the rdma probe is running")
-    root = MountTable().cgroup2_root()
-    label_workloads(view, WorkloadResolver(root), args.job)
+    # the hierarchy the agent's default key counts by: a Slurm v1 job is
+    # found in freezer on a hybrid host
+    from ..attribution.cgroup_layout import choose
+    layout = choose(MountTable())
+    label_workloads(view, WorkloadResolver(layout.root), args.job,
+                    path_of_pid=layout.path_of_pid)
     print(format_view(view))
     return 0

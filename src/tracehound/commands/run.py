@@ -9,6 +9,7 @@ import threading
 import urllib.parse
 
 from .. import defaults, instance
+from ..attribution.cgroup_layout import CHOICES as CGROUP_KEYS
 from ..host.mounts import DEFAULT_SKIP_FSTYPES
 
 
@@ -18,6 +19,13 @@ MAX_ENTRIES = 1 << 22
 MAX_SERIES = 10_000_000
 MAX_GRACE_S = 24 * 3600.0
 MAX_RDMA_OBJECTS = 1 << 20
+
+
+def _cgroup_scope(value: str) -> str:
+    if not value.startswith("/") or len(value) > 4096 or "\n" in value or "\0" in value:
+        raise argparse.ArgumentTypeError(f"{value[:80]!r}: an absolute cgroup path "
+                                         "(e.g. /slurm_n1)")
+    return value
 
 
 def _fstypes(value: str) -> tuple[str, ...]:
@@ -180,6 +188,16 @@ def add_parser(sub, hook) -> None:
                           f"({defaults.PIN_ROOT}/NAME/) and state directory; a second agent "
                           "of a running instance refuses to start "
                           f"(default {defaults.INSTANCE})")
+    run.add_argument("--cgroup-key", choices=CGROUP_KEYS, default="auto",
+                     help="the cgroup hierarchy I/O, exits and RDMA objects are counted by: "
+                          "v2, or the cgroup of a v1 controller (freezer, cpuset, memory); "
+                          "auto: v2 on a v2-only host, else the first of freezer, cpuset, "
+                          "memory mounted as v1 (hybrid hosts separate jobs in v1 only) "
+                          "(default auto)")
+    run.add_argument("--cgroup-scope", type=_cgroup_scope, metavar="PATH",
+                     help="export only cgroups at or under this path of the counted hierarchy "
+                          "(one agent per simulated node on a host: /slurm_n1; a containerised "
+                          "node: the container's cgroup) (default: all)")
     run.add_argument("--state-dir", metavar="DIR",
                      help="where the agent keeps what outlives a restart: the kernel log "
                           "position, so each GPU error line is counted once; one agent at a "
@@ -226,4 +244,6 @@ def _run(args) -> int:
                            state_dir=instance.state_dir(args.instance, args.state_dir),
                            instance=args.instance,
                            gpu_fatal_xid_window_s=args.gpu_fatal_xid_window,
-                           web_config=web_config), stop=stop)
+                           web_config=web_config,
+                           cgroup_key=args.cgroup_key, cgroup_scope=args.cgroup_scope),
+               stop=stop)

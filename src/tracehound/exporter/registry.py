@@ -76,12 +76,14 @@ class CollectorHealth:
 
 
 class AgentInfo:
-    """tracehound_probe_info{probe,mode}, the build, and the agent's memory."""
+    """tracehound_probe_info{probe,mode}, the cgroup key, the build, and the
+    agent's memory."""
 
     name = "agent"
 
-    def __init__(self, subsystems):
+    def __init__(self, subsystems, layout=None):
         self.subsystems = subsystems
+        self.layout = layout        # attribution.cgroup_layout.CgroupLayout
 
     def collect(self):
         fam = GaugeMetricFamily("tracehound_probe_info",
@@ -91,6 +93,14 @@ class AgentInfo:
             for name, mode in subsystem.modes().items():
                 fam.add_metric([name, mode], 1)
         yield fam
+        if self.layout is not None:
+            key = GaugeMetricFamily(
+                "tracehound_cgroup_key_info",
+                "The cgroup hierarchy the kernel counts by (key: v2 or a v1 controller), the "
+                "host's cgroup layout (v2, hybrid, v1) and where that hierarchy is mounted.",
+                labels=["key", "layout", "hierarchy"])
+            key.add_metric([self.layout.key, self.layout.layout, self.layout.root], 1)
+            yield key
         info = InfoMetricFamily("tracehound_build", "tracehound version.")
         info.add_metric([], {"version": __version__})
         yield info
@@ -102,10 +112,10 @@ class AgentInfo:
         yield blocks
 
 
-def register_all(registry: CollectorRegistry, subsystems) -> CollectorRegistry:
+def register_all(registry: CollectorRegistry, subsystems, layout=None) -> CollectorRegistry:
     """Register the started subsystems: the agent's families, every collector
     isolated, then their health."""
-    isolated = [IsolatedCollector(AgentInfo(subsystems))]
+    isolated = [IsolatedCollector(AgentInfo(subsystems, layout))]
     isolated += [IsolatedCollector(c) for s in subsystems for c in s.collectors()]
     for c in isolated:
         registry.register(c)

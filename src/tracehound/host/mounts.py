@@ -31,6 +31,8 @@ class Mount:
     mountpoint: str
     fstype: str
     source: str
+    options: str = ""   # the super block's options: a v1 cgroup mount names its controllers here
+    root: str = "/"     # the directory of the file system mounted here
 
 
 # A host with ten thousand mounts has a table of about 1.5 MB; a file that a
@@ -57,6 +59,8 @@ def _mount(line: str) -> Mount:
         mountpoint=_unescape(parts[4]),
         fstype=parts[sep + 1],
         source=_unescape(parts[sep + 2]) if len(parts) > sep + 2 else "",
+        options=parts[sep + 3] if len(parts) > sep + 3 else "",
+        root=_unescape(parts[3]),
     )
 
 

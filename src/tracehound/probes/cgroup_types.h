@@ -1,7 +1,8 @@
-/* The path from a task to its cgroup v2 id, for CO-RE: what
- * bpf_get_current_cgroup_id returns, read with plain loads
- * (task->cgroups->dfl_cgrp->kn->id). Shared by types.h and rdma_types.h;
- * needs PRESERVE and __u64 defined first. */
+/* The paths from a task to its cgroup ids, for CO-RE: the v2 cgroup (what
+ * bpf_get_current_cgroup_id returns: task->cgroups->dfl_cgrp->kn->id) and
+ * the cgroup of each v1 subsystem's css (task->cgroups->subsys[S]->cgroup
+ * ->kn->id). Shared by types.h and rdma_types.h; needs PRESERVE and __u64
+ * defined first. */
 #ifndef TRACEHOUND_CGROUP_TYPES_H
 #define TRACEHOUND_CGROUP_TYPES_H
 
@@ -13,8 +14,24 @@ struct cgroup {
 	struct kernfs_node *kn;
 } PRESERVE;
 
+struct cgroup_subsys_state {
+	struct cgroup *cgroup;
+} PRESERVE;
+
+/* The kernel's array has CGROUP_SUBSYS_COUNT entries; CO-RE relocates the
+ * array's offset only, the index is the running kernel's subsystem id. */
+#define CSS_SUBSYS_SLOTS 32
+
 struct css_set {
+	struct cgroup_subsys_state *subsys[CSS_SUBSYS_SLOTS];
 	struct cgroup *dfl_cgrp;
 } PRESERVE;
+
+/* Only the names matter: each value is relocated from the kernel's BTF. */
+enum cgroup_subsys_id {
+	cpuset_cgrp_id,
+	memory_cgrp_id,
+	freezer_cgrp_id,
+};
 
 #endif

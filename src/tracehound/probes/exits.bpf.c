@@ -52,6 +52,8 @@ struct task_struct {
 	struct css_set *cgroups;
 } PRESERVE;
 
+#include "cgroup_key.bpf.h"
+
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
 	__uint(max_entries, 8192);        /* keys of removed cgroups are retired by the agent */
@@ -118,7 +120,7 @@ static __always_inline void count_exit(struct task_struct *task)
 	else
 		code = BPF_CORE_READ(leader, exit_code);
 
-	key.cgroup_id = bpf_get_current_cgroup_id();
+	key.cgroup_id = current_cgroup_key();
 	if (BPF_CORE_READ(sig, oom_mm)) {
 		key.reason = REASON_OOM;
 		key.signal = code & 0x7f;

@@ -18,6 +18,7 @@ from ..bpf import features
 from ..bpf.layout import EnumLayout, Layout
 from ..bpf.loader import BpfObject, Map
 from ..errors import TracehoundError
+from .cgroup_key import set_cgroup_key
 from . import object_path
 
 log = logging.getLogger(__name__)
@@ -140,6 +141,7 @@ def exit_groups() -> tuple[features.HookGroup, ...]:
 @dataclass
 class ExitsProbeConfig:
     mode: str = "auto"           # auto, tp_btf or tracepoint
+    cgroup_key: str = "v2"       # the hierarchy counted by (cgroup_key.py)
 
 
 class ExitsProbe:
@@ -178,6 +180,7 @@ class ExitsProbe:
         try:
             for name, prog in obj.programs.items():
                 prog.autoload = name in wanted
+            set_cgroup_key(obj, self.config.cgroup_key)
             obj.load()
             obj.attach_all()
             maps = {name: obj.map(name) for name in MAPS}

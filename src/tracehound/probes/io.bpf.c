@@ -1,5 +1,6 @@
 // SPDX-License-Identifier: GPL-2.0
-/* tracehound I/O probe: VFS activity per (cgroup v2, mount), counted in kernel.
+/* tracehound I/O probe: VFS activity per (cgroup, mount), counted in kernel;
+ * the cgroup is the v2 one or a v1 subsystem's (cgroup_key.bpf.h).
  *
  * Three hook sets feed the same maps; the loader enables exactly one set per
  * operation group (read, write, fsync, open, remove, mkdir, rename):
@@ -19,6 +20,7 @@
 #include <bpf/bpf_tracing.h>
 #include <bpf/bpf_core_read.h>
 #include "io.h"
+#include "cgroup_key.bpf.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -271,10 +273,19 @@ static __always_inline int fd_mount(struct task_struct *task, long fd)
 	return f ? mount_id(file_vfsmount(f)) : -1;
 }
 
-/* What bpf_get_current_cgroup_id returns, read with plain loads. */
+/* The task's cgroup key (cgroup_key.bpf.h) read with plain loads: its v2
+ * cgroup (what bpf_get_current_cgroup_id returns) or the cgroup of its css
+ * of the chosen v1 subsystem. */
 static __always_inline __u64 cgroup_id_of(struct task_struct *task)
 {
-	return task->cgroups->dfl_cgrp->kn->id;
+	int s;
+
+	if (cgroup_key == CGROUP_KEY_V2)
+		return task->cgroups->dfl_cgrp->kn->id;
+	s = cgroup_key_subsys();
+	if (s < 0 || s >= CSS_SUBSYS_SLOTS)
+		return 0;
+	return task->cgroups->subsys[s]->cgroup->kn->id;
 }
 
 /* Mount a path argument starts from: the longest mount-point prefix for an

@@ -24,6 +24,7 @@ from ..bpf.layout import EnumLayout, Layout
 from ..bpf.loader import BpfObject, Map
 from ..host.mounts import DEFAULT_SKIP_FSTYPES, MountTable
 from . import object_path
+from .cgroup_key import set_cgroup_key
 
 log = logging.getLogger(__name__)
 
@@ -225,6 +226,7 @@ class IoProbeConfig:
     # are counted at exit only, with no clock read and, in syscall mode, no
     # entry hook at all
     latency: frozenset[str] = frozenset(HISTS)
+    cgroup_key: str = "v2"       # the hierarchy counted by (cgroup_key.py)
 
 
 class IoProbe:
@@ -273,6 +275,7 @@ class IoProbe:
             obj.map(SETTINGS_MAP).set_initial_value(SETTINGS.pack(
                 self.mounts.mount_namespace_inode(), tp_ops, timed_mask(latency),
                 self.config.max_entries))
+            set_cgroup_key(obj, self.config.cgroup_key)
             obj.load()
             self.obj = obj
             # held for the probe's life: a Map remembers whether batch lookups work

@@ -149,9 +149,9 @@ static __always_inline __u64 submitter_cgroup(struct task_struct *task)
 	if ((__u64)task == (__u64)bpf_get_current_task_btf())
 		return cgroup_id_of(bpf_get_current_task_btf());
 #ifdef IO_PROBE_READS
-	return BPF_CORE_READ(task, cgroups, dfl_cgrp, kn, id);
+	return task_cgroup_key(task);
 #else
-	return VIEW(struct task_struct, task)->cgroups->dfl_cgrp->kn->id;
+	return cgroup_id_of(VIEW(struct task_struct, task));
 #endif
 }
 

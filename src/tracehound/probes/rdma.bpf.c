@@ -35,6 +35,7 @@
 #include <bpf/bpf_tracing.h>
 #include <bpf/bpf_core_read.h>
 #include "rdma.h"
+#include "cgroup_key.bpf.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -223,9 +224,9 @@ static __always_inline void track_add(struct rdma_restrack_entry *res)
 		BPF_CORE_READ_STR_INTO(&obj.comm, task, comm);
 		/* a child object may be attributed to its parent's task */
 		if ((void *)task == (void *)bpf_get_current_task())
-			obj.cgroup_id = bpf_get_current_cgroup_id();
+			obj.cgroup_id = current_cgroup_key();
 		else
-			obj.cgroup_id = BPF_CORE_READ(task, cgroups, dfl_cgrp, kn, id);
+			obj.cgroup_id = task_cgroup_key(task);
 	} else {
 		bpf_probe_read_kernel_str(obj.comm, sizeof(obj.comm), BPF_CORE_READ(res, kern_name));
 	}
@@ -259,7 +260,7 @@ static __always_inline void count_verb(__u32 op, long ret)
 		app_note_kernel_error(key.err);
 	if (op == OP_NONE)
 		return;
-	key.cgroup_id = bpf_get_current_cgroup_id();
+	key.cgroup_id = current_cgroup_key();
 	hash_inc(&rdma_verbs, &key);
 }
 
@@ -366,7 +367,7 @@ static __always_inline void qp_event(struct ib_event *ev)
 
 	if (owner) {
 		key.tgid = BPF_CORE_READ(owner, tgid);
-		key.cgroup_id = BPF_CORE_READ(owner, cgroups, dfl_cgrp, kn, id);
+		key.cgroup_id = task_cgroup_key(owner);
 	}
 	count_event(BPF_CORE_READ(ev, device), &key);
 }

@@ -13,7 +13,7 @@ import logging
 import os
 from dataclasses import dataclass
 
-from ..attribution.procs import cgroup_v2_path
+from ..attribution.procs import proc_cgroups
 from ..bpf import features, libbpf
 from ..bpf.loader import BpfObject, Map
 from .. import defaults, instance
@@ -21,6 +21,7 @@ from ..errors import ProbeError, TracehoundError
 from ..host import rdma as rdma_host
 from . import object_path
 from . import rdma_app
+from .cgroup_key import set_cgroup_key
 # PinnedObjects too: `rdma show` reaches the pinned tables through this module
 from .rdma_pins import PIN_FILES, PinnedObjects, make_pin_dir, pin_path, remove_pin_dir  # noqa: F401
 from .rdma_maps import (
@@ -110,7 +111,8 @@ def subsystem_absent() -> str | None:
 @dataclass
 class RdmaProbeConfig:
     hook_mode: str = defaults.HOOK_MODE
-    cgroup_root: str | None = None   # to attribute seeded objects
+    cgroup_root: str | None = None   # to attribute seeded objects: the counted hierarchy's
+    cgroup_key: str = "v2"           # the hierarchy counted by (cgroup_key.py)
     max_objects: int = defaults.RDMA_MAX_OBJECTS
     app_view: bool = True            # uprobes on libibverbs (the application's view)
     instance: str = defaults.INSTANCE  # whose pin directory
@@ -182,6 +184,7 @@ class RdmaProbe:
                 prog.autoload = name in wanted
             obj.map("rdma_objects").set_max_entries(self.config.max_objects)
             obj.map("app_objects").set_max_entries(self.config.max_objects)
+            set_cgroup_key(obj, self.config.cgroup_key)
             obj.load()
             obj.attach_all()
             # held for the probe's life: a Map remembers whether batch lookups work
@@ -247,9 +250,11 @@ class RdmaProbe:
     def _cgroup_of(self, pid: int) -> int:
         if not pid or not self.config.cgroup_root:
             return 0
-        rel = cgroup_v2_path(pid)
+        key = self.config.cgroup_key
+        rel = proc_cgroups(pid).get("" if key == "v2" else key)
         if rel is None:
             return 0
+        rel = rel if rel != "/" else ""
         try:
             return os.stat(self.config.cgroup_root.rstrip("/") + rel).st_ino
         except OSError:

@@ -128,7 +128,7 @@ static __always_inline void app_count(struct app_call *call, __u32 err)
 {
 	struct app_verb_key key = { .op = call->op, .err = err };
 
-	key.cgroup_id = bpf_get_current_cgroup_id();
+	key.cgroup_id = current_cgroup_key();
 	read_device_name(key.device, call->device);
 	hash_inc(&app_verbs, &key);
 }
@@ -163,7 +163,7 @@ static __always_inline void app_created(__u64 ret, __u32 type)
 	key.handle = ret;
 	obj.context = type == OBJ_CTX ? ret : user_u64(ret);
 	obj.created_ns = bpf_ktime_get_ns();
-	obj.cgroup_id = bpf_get_current_cgroup_id();
+	obj.cgroup_id = current_cgroup_key();
 	obj.ident = app_ident(type, ret);
 	bpf_get_current_comm(obj.comm, sizeof(obj.comm));
 	read_device_name(obj.device, call.device);

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..attribution.cgroup_layout import CgroupLayout
 from ..attribution.owners import Owners
 from ..config import AgentConfig
 from ..detect.progress import ProgressBoard
@@ -21,7 +22,11 @@ class Context:
     """What the agent shares with every subsystem."""
     config: AgentConfig
     mounts: MountTable
-    owners: Owners
+    owners: Owners                  # of the cgroups the probes count by (layout.key)
+    layout: CgroupLayout | None = None
+    # of the v2 cgroups, where sockets and pressure live: `owners` itself
+    # when the key is v2, None on a host without cgroup2
+    v2_owners: Owners | None = None
     # per-cgroup progress each subsystem publishes for the stall detector
     progress: ProgressBoard = field(default_factory=ProgressBoard)
 

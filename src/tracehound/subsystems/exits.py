@@ -17,7 +17,8 @@ class ExitsSubsystem(Subsystem):
         super().__init__(ctx)
         # the hook mode flag chooses among function hooks (fentry, kprobe);
         # this probe's one hook is a tracepoint in every mode
-        self.probe = ExitsProbe(ExitsProbeConfig())
+        self.probe = ExitsProbe(ExitsProbeConfig(
+            cgroup_key=ctx.layout.key if ctx.layout is not None else "v2"))
         self.detector: ExitsDetector | None = None
         self._collector: ExitsCollector | None = None
 

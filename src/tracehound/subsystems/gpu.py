@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import time
 
-from ..attribution.procs import cgroup_v2_path
 from ..collectors.gpu import GpuCollector, gpu_inventory, open_gpu_collector
 from ..collectors.gpu_kmsg import GpuKernelLogCollector
 from ..detect.gpu import GpuDetector, GpuWatcher
@@ -97,7 +96,7 @@ class GpuSubsystem(Subsystem):
     def _per_cgroup(self, per_pid: dict[int, float]) -> dict[int, float]:
         out: dict[int, float] = {}
         for pid, value in per_pid.items():
-            path = cgroup_v2_path(pid)
+            path = self.ctx.owners.path_of_pid(pid)
             if path is None:
                 continue
             try:

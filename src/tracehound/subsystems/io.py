@@ -10,6 +10,10 @@ from ..probes.io import GROUPS, IoProbe, IoProbeConfig
 from .base import DoctorReport, Subsystem, check_line, mode_lines
 
 
+def _key(ctx) -> str:
+    return ctx.layout.key if ctx.layout is not None else "v2"
+
+
 class IoSubsystem(Subsystem):
     name = "io"
     required = True
@@ -20,8 +24,8 @@ class IoSubsystem(Subsystem):
         # no histogram exported: nothing to time either
         timed = frozenset() if c.latency_histograms == "off" else \
             frozenset(p.removeprefix("io.") for p in c.latency)
-        self.probe = IoProbe(IoProbeConfig(c.hook_mode, c.skip_fstypes, c.max_entries, timed),
-                             ctx.mounts)
+        self.probe = IoProbe(IoProbeConfig(c.hook_mode, c.skip_fstypes, c.max_entries, timed,
+                                           cgroup_key=_key(ctx)), ctx.mounts)
         self.collector: IoCollector | None = None
 
     def start(self) -> None:

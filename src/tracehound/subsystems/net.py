@@ -30,9 +30,12 @@ class NetSubsystem(Subsystem):
         if not self.probe.available:
             self.reason = self.probe.reason
         self._collector = NetCollector(self.probe if self.probe.available else None,
-                                       self.sockets, self.ctx.owners)
-        # bytes acknowledged and received move while a job talks to its peers
-        self.ctx.progress.add(self.name, self.sockets.progress)
+                                       self.sockets, self.ctx.v2_owners or self.ctx.owners)
+        # bytes acknowledged and received move while a job talks to its peers;
+        # sockets carry v2 cgroup ids, which name the stall detector's cgroups
+        # only when the probes count by v2 too
+        if self.ctx.layout is None or not self.ctx.layout.is_v1:
+            self.ctx.progress.add(self.name, self.sockets.progress)
 
     def close(self) -> None:
         self.ctx.progress.remove(self.name)

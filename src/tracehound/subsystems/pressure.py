@@ -20,10 +20,12 @@ class PressureSubsystem(Subsystem):
         self._collector: PressureCollector | None = None
 
     def start(self) -> None:
-        root = self.ctx.owners.root
+        # pressure stall information lives in the v2 tree only
+        owners = self.ctx.v2_owners or self.ctx.owners
+        root = owners.root
         self.reason = psi_absent(root)
         if self.reason is None:
-            self._collector = PressureCollector(root, self.ctx.owners,
+            self._collector = PressureCollector(root, owners,
                                                 self.ctx.config.pressure_max_cgroups)
 
     def collectors(self) -> list:

@@ -23,6 +23,7 @@ class RdmaSubsystem(Subsystem):
         super().__init__(ctx)
         cfg = ctx.config
         self.probe = RdmaProbe(RdmaProbeConfig(cfg.hook_mode, cgroup_root=ctx.owners.root,
+                                               cgroup_key=ctx.layout.key if ctx.layout else "v2",
                                                max_objects=cfg.rdma_max_objects,
                                                app_view=cfg.rdma_app_view,
                                                instance=cfg.instance))
