@@ -14,7 +14,7 @@ from .signals import HeldSignals
 # In the order `tracehound --help` lists them.
 COMMAND_MODULES: list[str] = ["tracehound.commands.run", "tracehound.commands.rdma_show",
                               "tracehound.top.cli", "tracehound.chaos.cli",
-                              "tracehound.commands.doctor"]
+                              "tracehound.commands.doctor", "tracehound.commands.health"]
 
 
 def build_parser() -> argparse.ArgumentParser:
