@@ -19,9 +19,11 @@ later process and is a no-op when there is nothing to undo.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
+import shutil
 import signal
 import subprocess
 import time
@@ -103,6 +105,7 @@ class Cluster:
         if self.state:
             self.down()
         start = time.monotonic()
+        made_run_dir = not os.path.isdir(self.run_dir)
         os.makedirs(self.run_dir, exist_ok=True)
         token = secrets.token_hex(3)
         subnet = network.pick_subnet(token)
@@ -111,7 +114,11 @@ class Cluster:
                       "host_addr": f"{base}.1", "ctld_addr": f"{base}.2",
                       "addr_of": {n: f"{base}.{10 + i}" for i, n in enumerate(self.nodes)},
                       "netns_of": {n: f"thsl-{token}-{n}" for n in self.nodes},
-                      "ctld_netns": f"thsl-{token}-ctl", "pids": {}}
+                      "ctld_netns": f"thsl-{token}-ctl", "pids": {},
+                      # what `down` removes of the run directory: all of it
+                      # where `up` made it, else what `up` wrote there
+                      "made_run_dir": made_run_dir,
+                      "written": ["munge", "ctld", *self.nodes, "slurm.conf", "cgroup.conf"]}
         self._save()
         try:
             self._network()
@@ -141,6 +148,7 @@ class Cluster:
 
     def _write_config(self) -> None:
         s, run = self.state, self.run_dir
+        self._remove_written()      # a state save location of an earlier cluster: slurmctld refuses it
         for d in ("munge", "ctld/state", *self.nodes):
             os.makedirs(os.path.join(run, d), exist_ok=True)
         key = os.path.join(run, "munge", "munge.key")
@@ -277,8 +285,20 @@ class Cluster:
         network.remove_blackhole_if_unused()
         for node in self.state.get("nodes", []):
             remove_v1_cgroups(node)
+        self._remove_written()
         os.unlink(self.state_path)
+        if self.state.get("made_run_dir"):
+            with contextlib.suppress(OSError):
+                os.rmdir(self.run_dir)
         self.state = {}
+
+    def _remove_written(self) -> None:
+        for name in self.state.get("written", []):
+            path = os.path.join(self.run_dir, name)
+            if os.path.isdir(path) and not os.path.islink(path):
+                shutil.rmtree(path, ignore_errors=True)
+            elif os.path.lexists(path):
+                os.unlink(path)
 
 
 def parse_node_line(line: str) -> dict:

@@ -143,3 +143,31 @@ def test_the_breaker_bounds_drains_when_every_node_fails(cluster):
         assert 'tracehound_health_condition{condition="recent_fatal_xid"} 1' in prom
     info = cluster.node_info()
     assert [n for n, i in info.items() if ours(i)] == [victim]
+
+
+def test_a_cluster_leaves_nothing_behind(tmp_path):
+    """Up and down a second, one-node cluster beside the session's."""
+    from tests.cluster import network
+    from tests.cluster.slurm import Cluster
+    run_dir = str(tmp_path / "run")
+    c = Cluster(run_dir, nodes=1, prefix=f"t{os.getpid() % 10000}x")
+    c.up(timeout=60)
+    made = dict(c.state)
+    assert all(c.running().values()) and len(made["pids"]) == 3
+    assert c.up() == 0.0           # up again: already up, nothing started
+    c.down()
+    c.down()                       # again: nothing to do
+    assert not os.path.exists(run_dir)
+    for pid, exe in made["pids"].values():
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                assert exe.encode() not in f.read(), f"{exe} (pid {pid}) still runs"
+        except FileNotFoundError:
+            pass
+    netns = subprocess.run(["ip", "netns"], capture_output=True, text=True).stdout
+    assert not any(n in netns for n in made["netns"])
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert not any(f" {name}:" in links or f" {name}@" in links for name in made["links"])
+    assert made["subnet"] not in network.ip("-4", "route", "show").stdout
+    assert not [d for d in os.listdir("/sys/fs/cgroup")
+                if os.path.exists(f"/sys/fs/cgroup/{d}/slurm_{made['nodes'][0]}")]
