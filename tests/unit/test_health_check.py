@@ -186,3 +186,20 @@ def test_scontrol_failure_is_an_error():
     from tracehound.health.slurm import Slurm
     with pytest.raises(SlurmError, match="scontrol show"):
         Slurm("/bin/false").nodes()
+
+
+def test_health_starts_without_the_agents_subsystems(tmp_path):
+    """slurmd runs it on every node every interval: `tracehound health`
+    builds only its own parser, never importing what `run` needs."""
+    import subprocess
+    import sys
+    code = ("import sys; from tracehound.cli import main; "
+            "rc = main(['health', '--check-only', '--url', 'http://127.0.0.1:1', "
+            f"'--state-file', {str(tmp_path / 's.json')!r}]); "
+            "print(rc, 'tracehound.subsystems' in sys.modules, 'tracehound.commands.run' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.splitlines()[-1] == "1 False False", out.stdout + out.stderr
+    assert "agent not answering at http://127.0.0.1:1" in out.stdout
+    # every command is still listed where no command is given
+    from tracehound.cli import build_parser
+    assert "health" in build_parser().format_help() and "run" in build_parser().format_help()

@@ -18,16 +18,19 @@ import json
 import os
 import time
 import urllib.error
+import urllib.parse
 from dataclasses import dataclass, field
 
 from ..fleet.agent_client import open_agent
-from .rules import Finding, Memory, Rules, findings
+from .rules import WANTED_NAMES, Finding, Memory, Rules, findings
 from .slurm import Breaker, Slurm, drain_reason
 
 # exit codes: also what NHC's check_cmd_status and a textfile alert read
 FIT, UNFIT, ERROR, REFUSED = 0, 1, 2, 3
 # far above any agent's exposition (its series are bounded by --max-series)
 MAX_METRICS_BYTES = 64 << 20
+# the agent renders only these (the name[] filter), not its I/O series
+METRICS_QUERY = "/metrics?" + urllib.parse.urlencode([("name[]", n) for n in WANTED_NAMES])
 
 
 @dataclass
@@ -80,7 +83,7 @@ def scrape(url: str, timeout: float, env: dict) -> str | None:
     deadline = time.monotonic() + timeout
     chunks, size = [], 0
     try:
-        with open_agent(url.rstrip("/") + "/metrics", timeout=timeout, env=env) as resp:
+        with open_agent(url.rstrip("/") + METRICS_QUERY, timeout=timeout, env=env) as resp:
             while True:
                 left = deadline - time.monotonic()
                 if left <= 0:

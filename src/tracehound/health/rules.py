@@ -46,8 +46,9 @@ PHRASES = {"gpu_lost": "GPU lost (fallen off the bus or not answering NVML)",
 ACTIVE_STATES = (4, 5)          # ACTIVE, ACTIVE_DEFER
 # Only the series the rules read are parsed: an agent's /metrics may hold
 # thousands of I/O series, and the check must stay well under a second.
-WANTED = ("tracehound_gpu_health{", "tracehound_gpu_xid_errors_total{",
-          "tracehound_rdma_port_state_id{", "tracehound_rdma_port_counter_total{")
+WANTED_NAMES = ("tracehound_gpu_health", "tracehound_gpu_xid_errors_total",
+                "tracehound_rdma_port_state_id", "tracehound_rdma_port_counter_total")
+WANTED = tuple(f"{name}{{" for name in WANTED_NAMES)
 
 
 @dataclass(frozen=True)
