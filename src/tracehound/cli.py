@@ -45,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     held = HeldSignals()
     words = sys.argv[1:] if argv is None else argv
     light = LIGHT_COMMANDS.get(words[0]) if words else None
-    parser = build_parser([light] if light else None)
+    parser = build_parser([light]) if light else build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit:
