@@ -203,3 +203,27 @@ def test_health_starts_without_the_agents_subsystems(tmp_path):
     # every command is still listed where no command is given
     from tracehound.cli import build_parser
     assert "health" in build_parser().format_help() and "run" in build_parser().format_help()
+
+
+@pytest.mark.parametrize("argv", [["--conditions", "gpu_lost,no_such"], ["--breaker-percent", "0"],
+                                  ["--breaker-min", "-1"], ["--timeout", "x"],
+                                  ["--rdma-flaps", "1.5"]])
+def test_bad_flags_are_usage_errors(argv, capsys):
+    from tracehound.cli import main
+    with pytest.raises(SystemExit) as exit_:
+        main(["health", *argv])
+    assert exit_.value.code == 2
+    assert "tracehound health: error: argument" in capsys.readouterr().err
+
+
+def test_dry_run_asks_slurm_but_changes_nothing(tmp_path):
+    from tracehound.health.slurm import Slurm
+    log = tmp_path / "calls"
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text(f"#!/bin/sh\necho \"$*\" >> {log}\n"
+                        f"[ \"$1\" = show ] && echo '{line('n1')}'\nexit 0\n")
+    scontrol.chmod(0o755)
+    slurm = Slurm(str(scontrol), dry_run=True)
+    v = run(slurm, FATAL)
+    assert v.action == "drain" and v.reason.startswith("tracehound: XID 48")
+    assert log.read_text().splitlines() == ["show node -o"]
