@@ -15,10 +15,16 @@ from .signals import HeldSignals
 # In the order `tracehound --help` lists them.
 COMMAND_MODULES: list[str] = ["tracehound.commands.run", "tracehound.commands.rdma_show",
                               "tracehound.top.cli", "tracehound.chaos.cli",
-                              "tracehound.commands.doctor"]
+                              "tracehound.commands.doctor", "tracehound.commands.health"]
 
 
-def build_parser() -> argparse.ArgumentParser:
+# Commands that run often and must start fast (slurmd runs `health` on every
+# node every HealthCheckInterval): given first, only their module is imported,
+# not the agent's subsystems that the other commands' modules pull in.
+LIGHT_COMMANDS: dict[str, str] = {"health": "tracehound.commands.health"}
+
+
+def build_parser(modules: list[str] | None = None) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="tracehound",
         description="Node agent for GPU/HPC fleets: per-job I/O (eBPF on the VFS layer) "
@@ -31,14 +37,16 @@ def build_parser() -> argparse.ArgumentParser:
     hook.add_argument("--hook-mode", choices=("auto",) + MODES, default=defaults.HOOK_MODE,
                       help="force one hook mode for every probe (default: auto picks "
                            "fentry, then kprobe, then tracepoint, per hook)")
-    for module in COMMAND_MODULES:
+    for module in modules or COMMAND_MODULES:
         importlib.import_module(module).add_parser(sub, hook)
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     held = HeldSignals()
-    parser = build_parser()
+    words = sys.argv[1:] if argv is None else argv
+    light = LIGHT_COMMANDS.get(words[0]) if words else None
+    parser = build_parser([light]) if light else build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit:

@@ -39,6 +39,8 @@ class AgentConfig:
     instance: str = defaults.INSTANCE
     # a fatal XID keeps the GPU's recent_fatal_xid health condition this long
     gpu_fatal_xid_window_s: float = defaults.GPU_FATAL_XID_WINDOW_S
+    # the GPUs (PCI bus ids) this agent serves; None: every GPU of the host
+    gpu_bus_ids: frozenset[str] | None = None
     # exporter TLS, authentication and headers (exporter.webconfig.WebConfig)
     web_config: object | None = None
     # the hierarchy the probes count by: auto, v2, freezer, cpuset or memory

@@ -303,3 +303,16 @@ def test_exposition_is_valid_and_names_do_not_collide(host):
     assert 'tracehound_gpu_power_watts{gpu="0",model="NVIDIA H100 80GB HBM3",uuid="GPU-aaaa"} 123.456' \
         in text
     assert generate_openmetrics(registry).decode().endswith("# EOF\n")
+
+
+def test_an_agent_serves_only_the_gpus_it_is_given(host):
+    nvml = FakeNvml([full_gpu(), second_gpu()])
+    col, summary = open_collector(nvml=nvml, root=host, start=False,
+                                  bus_ids=frozenset({"0000:86:00.0"}))
+    assert summary.startswith("1 GPU(s)")
+    assert {s["pci_bus_id"] for s in label_sets(scrape(col), "tracehound_gpu")} \
+        == {"0000:86:00.0"}
+    col.close()
+    col, _ = open_collector(nvml=FakeNvml([full_gpu()]), root=host, start=False,
+                            bus_ids=frozenset({"0000:86:00.0"}))
+    assert col is None

@@ -45,6 +45,7 @@ from prometheus_client.core import (
 )
 
 from ..gpu import nvml as nv
+from ..gpu.bus_ids import served
 from ..gpu.device import Gpu, GpuSample, enumerate_gpus, read_sample, running_processes
 from ..gpu.events import EventWatcher
 from ..gpu.health import gpu_key, pending_reset
@@ -350,7 +351,8 @@ def _discover(nvml, topo: Topology):
 
 
 def open_gpu_collector(workload_labels: WorkloadLabels | None = None, *, xid_sink: XidSink,
-                       nvml=None, root: str = "/", event_wait_ms: int = 500, detector=None):
+                       nvml=None, root: str = "/", event_wait_ms: int = 500, detector=None,
+                       bus_ids: frozenset[str] | None = None):
     """(GpuCollector, one-line summary) or (None, one-line reason it cannot run).
 
     The event thread is not started: the caller gives the GPUs to whatever
@@ -361,6 +363,9 @@ def open_gpu_collector(workload_labels: WorkloadLabels | None = None, *, xid_sin
     if found is None:
         return None, reason
     nvml, gpus, lost, driver = found
+    if bus_ids is not None:     # an agent serving a share of the host's GPUs
+        gpus = [g for g in gpus if served(bus_ids, g.pci_bus_id)]
+        lost = [g for g in lost if served(bus_ids, g.pci_bus_id)]
     if not gpus and not lost:
         nv.shutdown(nvml)
         return None, "no NVIDIA GPU found"

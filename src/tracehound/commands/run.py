@@ -10,6 +10,7 @@ import urllib.parse
 
 from .. import defaults, instance
 from ..attribution.cgroup_layout import CHOICES as CGROUP_KEYS
+from ..gpu.bus_ids import bus_id_list
 from ..host.mounts import DEFAULT_SKIP_FSTYPES
 
 
@@ -208,6 +209,11 @@ def add_parser(sub, hook) -> None:
                      help="how long a fatal XID keeps tracehound_gpu_health"
                           "{condition=\"recent_fatal_xid\"} at 1 "
                           f"(default {defaults.GPU_FATAL_XID_WINDOW_S:g})")
+    run.add_argument("--gpu-bus-ids", type=bus_id_list, metavar="LIST",
+                     help="serve only these GPUs (PCI bus ids, comma-separated, e.g. "
+                          "0000:3b:00.0), for an agent that watches a share of the host's "
+                          "GPUs: NVML enumerates only them and kernel-log lines naming no "
+                          "GPU of the list are ignored (default: every GPU)")
     run.set_defaults(handler=_run, takes_signals=True)
 
 
@@ -244,6 +250,7 @@ def _run(args) -> int:
                            state_dir=instance.state_dir(args.instance, args.state_dir),
                            instance=args.instance,
                            gpu_fatal_xid_window_s=args.gpu_fatal_xid_window,
+                           gpu_bus_ids=args.gpu_bus_ids,
                            web_config=web_config,
                            cgroup_key=args.cgroup_key, cgroup_scope=args.cgroup_scope),
                stop=stop)

@@ -14,6 +14,7 @@ from ..collectors.gpu_kmsg import GpuKernelLogCollector
 from ..detect.gpu import GpuDetector, GpuWatcher
 from ..detect.gpu_kmsg import GpuKernelLog
 from ..gpu.kmsg import DEFAULT_PATH as KMSG_PATH
+from ..gpu.bus_ids import served
 from ..gpu.kmsg import KmsgWatcher
 from .base import DoctorReport, Subsystem, check_line
 
@@ -75,7 +76,7 @@ class GpuSubsystem(Subsystem):
     def start(self) -> None:
         self.collector, self.summary = open_gpu_collector(
             workload_labels=self.ctx.owners.of_pid, detector=self.detector,
-            xid_sink=self.kmsg.nvml_xid)
+            xid_sink=self.kmsg.nvml_xid, bus_ids=self.ctx.config.gpu_bus_ids)
         if self.collector is not None:
             # identities first: an XID must find its GPU from the first event
             self.kmsg.set_gpus(self.collector.gpus)
@@ -87,11 +88,15 @@ class GpuSubsystem(Subsystem):
                 dict.fromkeys(self.busy.unmeasured, 0.0)))
         # after NVML: the replay of the ring maps bus ids to enumerated GPUs
         self._kmsg_watcher = KmsgWatcher(KMSG_PATH, self.kmsg_state,
-                                         on_event=self.kmsg.kernel_event).start()
+                                         on_event=self._kernel_event).start()
         # What the ring held at start is read before the agent says it serves,
         # so a line logged after that is news, never taken for the ring's past
         # (a few thousand records take well under a second).
         self._kmsg_watcher.wait_caught_up(KMSG_CATCH_UP_S)
+
+    def _kernel_event(self, event) -> None:
+        if served(self.ctx.config.gpu_bus_ids, event.pci):
+            self.kmsg.kernel_event(event)
 
     def _per_cgroup(self, per_pid: dict[int, float]) -> dict[int, float]:
         out: dict[int, float] = {}

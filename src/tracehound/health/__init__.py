@@ -1,0 +1,1 @@
+"""`tracehound health`: a Slurm HealthCheckProgram over the local agent."""

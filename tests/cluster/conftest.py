@@ -1,0 +1,147 @@
+"""Cluster tier: a real Slurm cluster on this machine (tests/cluster/slurm.py),
+one tracehound agent per simulated node, `tracehound health` as the nodes'
+real HealthCheckProgram. Needs root (namespaces, slurmd's cgroups, BPF).
+
+Every node's agent listens on 127.0.0.1:9560 inside the node's network
+namespace, the default URL of `tracehound health`, which slurmd runs in
+that namespace with its bare environment. All nodes share this kernel and
+its /dev/kmsg, so each agent serves one GPU bus id of its own
+(--gpu-bus-ids): a GPU error line naming it is that node's alone.
+"""
+import glob
+import os
+import secrets
+import shutil
+import signal
+import subprocess
+import tempfile
+import time
+
+import pytest
+
+from tests.conftest import tracehound_cmd
+from tests.cluster.slurm import Cluster
+
+NODES = 3
+HEALTH_INTERVAL_S = 2
+# a fatal XID keeps its node unfit this long: long enough for a job to be
+# placed while the node is drained, short enough to see it come back
+FATAL_XID_WINDOW_S = 20
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if "tests/cluster" in str(item.fspath):
+            item.add_marker(pytest.mark.root)
+            if os.geteuid() != 0:
+                item.add_marker(pytest.mark.skip(
+                    reason="needs root: namespaces, slurmd's cgroups, BPF"))
+
+
+class Agents:
+    """One agent per node, started in the node's network namespace."""
+
+    def __init__(self, cluster: Cluster, bus_ids: dict):
+        self.cluster = cluster
+        self.bus_ids = bus_ids
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def instance(self, node: str) -> str:
+        return f"thtest-{node}"
+
+    def log(self, node: str) -> str:
+        return os.path.join(self.cluster.node_dir(node), "agent.log")
+
+    def start(self, node: str) -> None:
+        out = open(self.log(node), "a")
+        with out:
+            self.procs[node] = subprocess.Popen(
+                ["nsenter", f"--net=/run/netns/{self.cluster.netns(node)}", "--",
+                 *tracehound_cmd(), "run", "--listen", "127.0.0.1:9560",
+                 "--instance", self.instance(node), "--gpu-bus-ids", self.bus_ids[node],
+                 "--gpu-fatal-xid-window", str(FATAL_XID_WINDOW_S)],
+                stdout=out, stderr=subprocess.STDOUT)
+
+    def wait_started(self, node: str, since: int = 0) -> None:
+        deadline = time.monotonic() + 90
+        text = ""
+        while time.monotonic() < deadline:
+            with open(self.log(node)) as f:
+                text = f.read()[since:]
+            if "tracehound: gpu:" in text:      # the last start-up line
+                return
+            if self.procs[node].poll() is not None:
+                break
+            time.sleep(0.2)
+        pytest.fail(f"agent of {node} did not start:\n{text}")
+
+    def restart(self, node: str) -> None:
+        since = os.path.getsize(self.log(node))
+        self.start(node)
+        self.wait_started(node, since)
+
+    def stop(self, node: str) -> None:
+        proc = self.procs.get(node)
+        if proc is None or proc.poll() is not None:
+            return
+        proc.send_signal(signal.SIGTERM)
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+    def forget(self) -> None:
+        """Their lock files and state directories end with the session."""
+        for node in self.bus_ids:
+            name = self.instance(node)
+            for path in glob.glob(f"/run/tracehound/{name}.lock"):
+                os.unlink(path)
+            shutil.rmtree(f"/var/lib/tracehound/instances/{name}", ignore_errors=True)
+
+
+def write_health_program(run_dir: str) -> str:
+    """The nodes' HealthCheckProgram: absolute paths only, as slurmd gives
+    it no PATH and no SLURM_CONF; per-node state, verdict and log."""
+    path = os.path.join(run_dir, "healthcheck")
+    node = f'{run_dir}/"$SLURMD_NODENAME"'
+    with open(path, "w") as f:
+        f.write("#!/bin/sh\n"
+                f"exec {tracehound_cmd()[0]} health --slurm-conf {run_dir}/slurm.conf "
+                f"--state-file {node}/health.json --textfile {node}/health.prom "
+                f"--timeout 2 >>{node}/health.log 2>&1\n")
+    os.chmod(path, 0o755)
+    return path
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster():
+    for tool in ("ip", "nsenter", "unshare", "munged", "slurmctld", "slurmd", "srun"):
+        if shutil.which(tool) is None:
+            pytest.fail(f"{tool} not installed: scripts/install --dev installs it")
+    run_dir = tempfile.mkdtemp(prefix="thtest-slurm-")
+    token = secrets.token_hex(2)
+    cluster = Cluster(run_dir, NODES, prefix=f"t{token}n",
+                      health_program=write_health_program(run_dir),
+                      health_interval=HEALTH_INTERVAL_S)
+    # a PCI domain no machine has, new for every session: earlier lines in
+    # the kernel log never name these GPUs
+    domain = 0x1000 + secrets.randbelow(0xe000)
+    agents = Agents(cluster, {n: f"{domain:04x}:{0x10 * i:02x}:00.0"
+                              for i, n in enumerate(cluster.nodes, 1)})
+
+    def start_agents(c):
+        for node in c.nodes:
+            agents.start(node)
+        for node in c.nodes:
+            agents.wait_started(node)
+    try:
+        cluster.start_seconds = cluster.up(before_slurmd=start_agents, timeout=90)
+        cluster.agents = agents
+        yield cluster
+    finally:
+        for node in list(agents.procs):
+            agents.stop(node)
+        cluster.down()
+        agents.forget()
+        shutil.rmtree(run_dir, ignore_errors=True)

@@ -1,0 +1,173 @@
+"""`tracehound health` as the real HealthCheckProgram of a real Slurm
+cluster: real GPU error lines in this kernel's log, a real agent per node,
+slurmctld's view of the nodes as the only judge. Each test starts from
+every node idle and fit and leaves it so, but the last (the breaker's)."""
+import os
+import subprocess
+import time
+
+import pytest
+
+from tests.cluster.slurm import ClusterError
+
+REASON_PREFIX = "tracehound:"
+WAIT_S = 60
+
+
+def write_kmsg(text: str) -> None:
+    # a fresh open per line: the kernel rate-limits each open file's writes
+    fd = os.open("/dev/kmsg", os.O_WRONLY)
+    try:
+        os.write(fd, f"<4>{text}\n".encode())
+    finally:
+        os.close(fd)
+
+
+def xid_line(bus_id: str, xid: int) -> str:
+    domain, bus, rest = bus_id.split(":")
+    return f"NVRM: Xid (PCI:{domain}:{bus}:{rest.split('.')[0]}): {xid}, pid=4242, name=python, " \
+           "Channel 00000010"
+
+
+def ours(info: dict) -> bool:
+    return "DRAIN" in info["Flags"] and info.get("Reason", "").startswith(REASON_PREFIX)
+
+
+def health_log(cluster, node: str) -> str:
+    try:
+        with open(os.path.join(cluster.node_dir(node), "health.log")) as f:
+            return f.read()
+    except FileNotFoundError:
+        return ""
+
+
+def wait_health_runs(cluster, node: str, text: str, runs: int = 2) -> None:
+    """Until `runs` more health runs of `node` logged a line holding `text`."""
+    before = health_log(cluster, node).count(text)
+    deadline = time.monotonic() + WAIT_S
+    while health_log(cluster, node).count(text) < before + runs:
+        if time.monotonic() > deadline:
+            pytest.fail(f"{node}: no {runs} health runs saying {text!r}:\n"
+                        f"{health_log(cluster, node)[-2000:]}")
+        time.sleep(0.2)
+
+
+@pytest.fixture
+def cluster(slurm_cluster):
+    """Every node idle and not drained, as each test begins."""
+    slurm_cluster.wait_nodes(lambda n: n["State"] == "IDLE" and "DRAIN" not in n["Flags"],
+                             WAIT_S, "idle and fit")
+    return slurm_cluster
+
+
+def test_the_cluster_runs_jobs_on_every_node(cluster):
+    out = subprocess.run(["srun", f"-N{len(cluster.nodes)}", "hostname"], env=cluster.env(),
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    # each slurmd in its UTS namespace: the job sees its node's name
+    assert sorted(out.stdout.split()) == sorted(cluster.nodes)
+    # Debian's multiple-slurmd build: each node's steps under slurm_<node>
+    for node in cluster.nodes:
+        assert os.path.isdir(f"/sys/fs/cgroup/freezer/slurm_{node}")
+
+
+def test_a_fatal_xid_drains_its_node_which_jobs_avoid_until_it_clears(cluster):
+    n1, others = cluster.nodes[0], cluster.nodes[1:]
+    bus_id = cluster.agents.bus_ids[n1]
+    write_kmsg(xid_line(bus_id, 74))
+    info = cluster.wait_nodes(lambda n: ours(n) == (n["NodeName"] == n1), WAIT_S,
+                              f"{n1} drained by tracehound alone")
+    assert info[n1]["Reason"].startswith(f"tracehound: XID 74 NVLink error ({bus_id})"), info[n1]
+    # a job asking for two nodes meanwhile lands on the other two
+    out = subprocess.run(["srun", "-N2", "hostname"], env=cluster.env(), capture_output=True,
+                         text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert sorted(out.stdout.split()) == sorted(others)
+    assert ours(cluster.node_info()[n1]), "the node came back before the job ran"
+    # the fatal XID's window passes: the node serves again, by itself
+    cluster.wait_nodes(lambda n: "DRAIN" not in n["Flags"], WAIT_S, "resumed")
+    assert f"{n1}: fit; resumed" in health_log(cluster, n1)
+
+
+def test_an_admins_drain_is_left_alone(cluster):
+    n2 = cluster.nodes[1]
+    cluster.scontrol("update", f"nodename={n2}", "state=drain", "reason=disk swap, ticket 42")
+    try:
+        # the node is fit: a drain of tracehound's own would be resumed
+        wait_health_runs(cluster, n2, "drained by someone else (disk swap, ticket 42)")
+        info = cluster.node_info()[n2]
+        assert "DRAIN" in info["Flags"] and info["Reason"].startswith("disk swap, ticket 42")
+    finally:
+        cluster.scontrol("update", f"nodename={n2}", "state=resume")
+
+
+def test_a_stopped_agent_drains_its_node_only(cluster):
+    n3 = cluster.nodes[2]
+    cluster.agents.stop(n3)
+    try:
+        info = cluster.wait_nodes(lambda n: ours(n) == (n["NodeName"] == n3), WAIT_S,
+                                  f"{n3} drained by tracehound alone")
+        assert info[n3]["Reason"].startswith(
+            "tracehound: agent not answering at http://127.0.0.1:9560"), info[n3]
+    finally:
+        cluster.agents.restart(n3)
+    cluster.wait_nodes(lambda n: "DRAIN" not in n["Flags"], WAIT_S, "resumed")
+
+
+def test_the_breaker_bounds_drains_when_every_node_fails(cluster):
+    """Last: XID 79 (fallen off the bus) never clears without a GPU reset."""
+    for node in cluster.nodes:
+        write_kmsg(xid_line(cluster.agents.bus_ids[node], 79))
+    # 10 % of three nodes, at least one: one node drained, the others refused
+    deadline = time.monotonic() + WAIT_S
+    while True:
+        info = cluster.node_info()
+        drained = [n for n, i in info.items() if ours(i)]
+        refused = {n for n in cluster.nodes
+                   if "not drained: breaker: partition batch" in health_log(cluster, n)}
+        if len(drained) == 1 and refused >= set(cluster.nodes) - set(drained):
+            break
+        if time.monotonic() > deadline:
+            raise ClusterError(f"drained {drained}, refused {sorted(refused)}")
+        time.sleep(0.2)
+    (victim,) = drained
+    assert "XID 79 GPU fell off the bus" in info[victim]["Reason"]
+    spared = [n for n in cluster.nodes if n != victim]
+    for node in spared:
+        # the refusal goes on, said on stderr and to Prometheus
+        wait_health_runs(cluster, node, "drain refused: breaker: partition batch has 1 of 3",
+                         runs=1)
+        with open(os.path.join(cluster.node_dir(node), "health.prom")) as f:
+            prom = f.read()
+        assert "tracehound_health_breaker_refused 1" in prom
+        assert 'tracehound_health_condition{condition="recent_fatal_xid"} 1' in prom
+    info = cluster.node_info()
+    assert [n for n, i in info.items() if ours(i)] == [victim]
+
+
+def test_a_cluster_leaves_nothing_behind(tmp_path):
+    """Up and down a second, one-node cluster beside the session's."""
+    from tests.cluster import network
+    from tests.cluster.slurm import Cluster
+    run_dir = str(tmp_path / "run")
+    c = Cluster(run_dir, nodes=1, prefix=f"t{os.getpid() % 10000}x")
+    c.up(timeout=60)
+    made = dict(c.state)
+    assert all(c.running().values()) and len(made["pids"]) == 3
+    assert c.up() == 0.0           # up again: already up, nothing started
+    c.down()
+    c.down()                       # again: nothing to do
+    assert not os.path.exists(run_dir)
+    for pid, exe in made["pids"].values():
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                assert exe.encode() not in f.read(), f"{exe} (pid {pid}) still runs"
+        except FileNotFoundError:
+            pass
+    netns = subprocess.run(["ip", "netns"], capture_output=True, text=True).stdout
+    assert not any(n in netns for n in made["netns"])
+    links = subprocess.run(["ip", "-o", "link"], capture_output=True, text=True).stdout
+    assert not any(f" {name}:" in links or f" {name}@" in links for name in made["links"])
+    assert made["subnet"] not in network.ip("-4", "route", "show").stdout
+    assert not [d for d in os.listdir("/sys/fs/cgroup")
+                if os.path.exists(f"/sys/fs/cgroup/{d}/slurm_{made['nodes'][0]}")]
