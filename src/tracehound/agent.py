@@ -2,7 +2,6 @@
 until a signal stops it."""
 from __future__ import annotations
 
-import functools
 import logging
 import threading
 
@@ -24,6 +23,7 @@ from .exporter.registry import register_all
 from .exporter.server import Exporter
 from .host.memory import release_free_memory
 from .host.mounts import MountTable, MountTableError
+from .logsink import line_printer
 from .subsystems import SUBSYSTEMS
 from .subsystems.base import Context
 
@@ -108,11 +108,13 @@ class Agent:
         self._stop.wait()
 
 
-def run(config: AgentConfig, stop: threading.Event,
-        out=functools.partial(print, flush=True)) -> int:
+def run(config: AgentConfig, stop: threading.Event, out=None) -> int:
     """Run the agent until `stop` is set (`tracehound run` sets it on SIGINT
     or SIGTERM). A stop asked for during start-up lets the start finish, then
-    takes the same clean path: probes detached, nothing left."""
+    takes the same clean path: probes detached, nothing left. Status lines
+    go to standard output through a writer that a full pipe cannot make
+    hold the stop (logsink.line_printer)."""
+    out = out or line_printer()
     preflight.run_all()
     if stop.is_set():
         out("tracehound: stopped before anything was loaded")

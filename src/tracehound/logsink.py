@@ -52,7 +52,8 @@ class DroppingQueueHandler(logging.handlers.QueueHandler):
 
 
 class StderrWriter:
-    """The one thread that writes the queued records to a descriptor."""
+    """The one thread that writes the queued records to a descriptor
+    (standard error for log lines, standard output for status lines)."""
 
     def __init__(self, handler: DroppingQueueHandler, formatter: logging.Formatter, fd: int):
         self.handler = handler
@@ -101,6 +102,20 @@ class StderrWriter:
                 continue
             except OSError:     # standard error closed: nothing more to say
                 return
+
+
+def line_printer(fd: int = 1, capacity: int = QUEUED_RECORDS):
+    """A print() for the agent's status lines (start-up, stop) through a
+    queue and writer of their own: a full standard output can no more hold
+    the agent's stop than its log lines can."""
+    handler = DroppingQueueHandler(queue.Queue(capacity))
+    writer = StderrWriter(handler, logging.Formatter("%(message)s"), fd).start()
+    atexit.register(writer.drain, EXIT_DRAIN_S)
+
+    def out(text: str) -> None:
+        handler.enqueue(logging.makeLogRecord({"msg": text, "args": None}))
+    out.writer = writer
+    return out
 
 
 def log_to_stderr(level: int, fmt: str, fd: int = 2,

@@ -4,7 +4,9 @@ stopped draining it), a kernel log full of GPU errors, each one an event and
 a log line, must still be counted, scraped and stopped on SIGTERM."""
 import fcntl
 import signal
+import struct
 import subprocess
+import termios
 
 import pytest
 
@@ -34,6 +36,10 @@ def test_an_unread_standard_error_never_stops_the_agent(hook_mode):
             write_kmsg(f"NVRM: Xid ({driver_form(pci)}): 31, pid=1, name=x, unread output {n}")
         got = wait_value(agent, XID, LINES, timeout=60, pci_bus_id=pci, xid="31")
         assert got == LINES, f"counted {got} of {LINES} lines: the agent is held by its output"
+        unread = struct.unpack("i", fcntl.ioctl(agent.proc.stdout.fileno(), termios.FIONREAD,
+                                                b"\0\0\0\0"))[0]
+        print(f"unread output when stopped: {unread} bytes")
+        assert unread > PIPE_BYTES // 2, "the pipe was not filled: the test proves nothing"
         agent.proc.send_signal(signal.SIGTERM)
         try:
             agent.proc.wait(timeout=60)
