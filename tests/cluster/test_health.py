@@ -9,24 +9,14 @@ import time
 import pytest
 
 from tests.cluster.slurm import ClusterError
+from tests.kernel.test_gpu_kmsg import driver_form, write_kmsg
 
 REASON_PREFIX = "tracehound:"
 WAIT_S = 60
 
 
-def write_kmsg(text: str) -> None:
-    # a fresh open per line: the kernel rate-limits each open file's writes
-    fd = os.open("/dev/kmsg", os.O_WRONLY)
-    try:
-        os.write(fd, f"<4>{text}\n".encode())
-    finally:
-        os.close(fd)
-
-
 def xid_line(bus_id: str, xid: int) -> str:
-    domain, bus, rest = bus_id.split(":")
-    return f"NVRM: Xid (PCI:{domain}:{bus}:{rest.split('.')[0]}): {xid}, pid=4242, name=python, " \
-           "Channel 00000010"
+    return f"NVRM: Xid ({driver_form(bus_id)}): {xid}, pid=4242, name=python, Channel 00000010"
 
 
 def ours(info: dict) -> bool:
