@@ -12,7 +12,6 @@ import glob
 import os
 import secrets
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -21,6 +20,7 @@ import pytest
 
 from tests.conftest import tracehound_cmd
 from tests.cluster.slurm import Cluster
+from tests.kernel.test_fleet import stop as stop_process
 
 NODES = 3
 HEALTH_INTERVAL_S = 2
@@ -89,15 +89,7 @@ class Agents:
         self.wait_started(node, since)
 
     def stop(self, node: str) -> None:
-        proc = self.procs.get(node)
-        if proc is None or proc.poll() is not None:
-            return
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_process(self.procs.get(node))
 
     def forget(self) -> None:
         """Their lock files and state directories end with the session."""
