@@ -10,7 +10,6 @@ the job's id, and say it counts by v1 freezer on a v1 host (tracehound_cgroup_ke
 doctor's line is the same CgroupLayout.describe, unit-tested).
 Writes RESULTS_DIR/checks.json as each check is decided.
 """
-import json
 import os
 import re
 import subprocess
@@ -21,26 +20,13 @@ import time
 import urllib.request
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from guest_checks import Checks  # noqa: E402
+
 JOB = "4242"
 STEP = f"/slurm/uid_0/job_{JOB}/step_0"
 WRITE, READ = 123_457, 65_537
 CG = "/sys/fs/cgroup"
-
-
-class Checks:
-    def __init__(self, results: Path):
-        self.path = results / "checks.json"
-        self.data = {"checks": {}, "timings": {}}
-
-    def record(self, name: str, ok: bool, detail="") -> bool:
-        self.data["checks"][name] = {"ok": bool(ok), "detail": str(detail)[:6000]}
-        self.path.write_text(json.dumps(self.data, indent=1))
-        print(f"CHECK {name} {'ok' if ok else 'FAIL'}: {str(detail)[:300]}", flush=True)
-        return bool(ok)
-
-    def timing(self, name: str, seconds: float) -> None:
-        self.data["timings"][name] = round(seconds, 3)
-        self.path.write_text(json.dumps(self.data, indent=1))
 
 
 def sh(cmd: str) -> None:

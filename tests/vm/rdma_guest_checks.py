@@ -31,6 +31,9 @@ from prometheus_client.parser import text_string_to_metric_families
 from tracehound import defaults
 from tracehound.host import rdma as kernel_view
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from guest_checks import Checks  # noqa: E402  (the guest programs import it from here too)
+
 HERE = Path(__file__).resolve().parent
 APP = HERE / "rdma_verbs_app.py"
 PY = sys.executable
@@ -45,22 +48,6 @@ TYPES = ("ctx", "pd", "cq", "mr", "srq", "qp")
 STEP_OP = {"ctx": "create_ctx", "pd": "alloc_pd", "cq": "create_cq", "mr": "reg_mr",
            "srq": "create_srq", "qp": "create_qp"}
 NO_CAP_IPC_LOCK = ["setpriv", "--inh-caps=-ipc_lock", "--bounding-set=-ipc_lock"]
-
-
-class Checks:
-    def __init__(self, results: Path):
-        self.path = results / "checks.json"
-        self.data = {"checks": {}, "timings": {}}
-
-    def record(self, name: str, ok: bool, detail="") -> bool:
-        self.data["checks"][name] = {"ok": bool(ok), "detail": str(detail)[:6000]}
-        self.path.write_text(json.dumps(self.data, indent=1))
-        print(f"CHECK {name} {'ok' if ok else 'FAIL'}: {str(detail)[:200]}", flush=True)
-        return bool(ok)
-
-    def timing(self, name: str, seconds: float) -> None:
-        self.data["timings"][name] = round(seconds, 3)
-        self.path.write_text(json.dumps(self.data, indent=1))
 
 
 def sh(cmd: str) -> str:
