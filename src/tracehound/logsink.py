@@ -51,7 +51,7 @@ class DroppingQueueHandler(logging.handlers.QueueHandler):
         return n
 
 
-class StderrWriter:
+class DescriptorWriter:
     """The one thread that writes the queued records to a descriptor
     (standard error for log lines, standard output for status lines)."""
 
@@ -61,7 +61,7 @@ class StderrWriter:
         self.fd = os.dup(fd)
         self.thread = threading.Thread(target=self._run, name="log-writer", daemon=True)
 
-    def start(self) -> "StderrWriter":
+    def start(self) -> "DescriptorWriter":
         self.thread.start()
         return self
 
@@ -71,7 +71,7 @@ class StderrWriter:
             dropped = self.handler.take_dropped()
             text = ""
             if dropped:
-                text = f"tracehound: WARNING: {dropped} log lines dropped (standard error was not read)\n"
+                text = f"tracehound: WARNING: {dropped} log lines dropped (the output was not read)\n"
             try:
                 text += self.formatter.format(record) + "\n"
             except Exception:  # a record that cannot be formatted is one line lost
@@ -100,21 +100,27 @@ class StderrWriter:
                 view = view[os.write(self.fd, view):]
             except InterruptedError:
                 continue
-            except OSError:     # standard error closed: nothing more to say
+            except OSError:     # the descriptor closed: nothing more to say
                 return
+
+
+def _queued_writer(fd: int, fmt: str, capacity: int) -> DroppingQueueHandler:
+    """A queue handler and the writer thread that empties it into fd; the
+    interpreter's exit waits a little for the lines still queued."""
+    handler = DroppingQueueHandler(queue.Queue(capacity))
+    writer = DescriptorWriter(handler, logging.Formatter(fmt), fd).start()
+    atexit.register(writer.drain, EXIT_DRAIN_S)
+    return handler
 
 
 def line_printer(fd: int = 1, capacity: int = QUEUED_RECORDS):
     """A print() for the agent's status lines (start-up, stop) through a
     queue and writer of their own: a full standard output can no more hold
     the agent's stop than its log lines can."""
-    handler = DroppingQueueHandler(queue.Queue(capacity))
-    writer = StderrWriter(handler, logging.Formatter("%(message)s"), fd).start()
-    atexit.register(writer.drain, EXIT_DRAIN_S)
+    handler = _queued_writer(fd, "%(message)s", capacity)
 
     def out(text: str) -> None:
         handler.enqueue(logging.makeLogRecord({"msg": text, "args": None}))
-    out.writer = writer
     return out
 
 
@@ -125,9 +131,7 @@ def log_to_stderr(level: int, fmt: str, fd: int = 2,
     root = logging.getLogger()
     if root.handlers:
         return None
-    handler = DroppingQueueHandler(queue.Queue(capacity))
-    writer = StderrWriter(handler, logging.Formatter(fmt), fd).start()
-    atexit.register(writer.drain, EXIT_DRAIN_S)
+    handler = _queued_writer(fd, fmt, capacity)
     root.addHandler(handler)
     root.setLevel(level)
     return handler

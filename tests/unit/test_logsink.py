@@ -8,7 +8,7 @@ import queue
 import threading
 import time
 
-from tracehound.logsink import DroppingQueueHandler, StderrWriter
+from tracehound.logsink import DroppingQueueHandler, DescriptorWriter
 
 from .waiting import DEADLINE_S
 
@@ -19,7 +19,7 @@ def test_a_full_unread_pipe_holds_no_logger_and_drops_are_told():
     read_fd, write_fd = os.pipe()
     fcntl.fcntl(write_fd, F_SETPIPE_SZ, 4096)
     handler = DroppingQueueHandler(queue.Queue(10))
-    writer = StderrWriter(handler, logging.Formatter("t: %(message)s"), write_fd).start()
+    writer = DescriptorWriter(handler, logging.Formatter("t: %(message)s"), write_fd).start()
     os.close(write_fd)          # the writer has its own copy
     logger = logging.getLogger("tracehound.test.logsink")
     logger.propagate = False
