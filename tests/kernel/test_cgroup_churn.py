@@ -1,10 +1,16 @@
 """Short-lived cgroups: their entries leave the kernel map after one last
 export, the agent's memory does not grow, and every byte is exported once."""
 import os
+import subprocess
+import sys
 import time
 import uuid
 
+import pytest
+
 from .conftest import series
+
+FORKER = os.path.join(os.path.dirname(__file__), "churn_forker.py")
 
 CGROUPS = int(os.environ.get("TRACEHOUND_CHURN_CGROUPS", "10000"))
 SCRAPE_EVERY = 500
@@ -14,21 +20,21 @@ SCRAPE_EVERY = 500
 WARMUP = 2500
 
 
-def _one_write(cgroup_dir: str, path: str, size: int) -> None:
-    """Fork a child that joins cgroup_dir, writes `size` bytes, exits."""
-    pid = os.fork()
-    if pid == 0:
-        try:
-            with open(os.path.join(cgroup_dir, "cgroup.procs"), "w") as f:
-                f.write(str(os.getpid()))
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
-            os.write(fd, b"x" * size)
-            os.close(fd)
-            os._exit(0)
-        except BaseException:
-            os._exit(1)
-    _, status = os.waitpid(pid, 0)
-    assert os.waitstatus_to_exitcode(status) == 0
+@pytest.fixture
+def forker():
+    """A small process that makes the short-lived processes (churn_forker.py)."""
+    proc = subprocess.Popen([sys.executable, "-I", "-S", FORKER], stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True)
+    yield proc
+    proc.stdin.close()
+    proc.wait(timeout=20)
+
+
+def _one_write(forker, cgroup_dir: str, path: str, size: int) -> None:
+    """A child that joins cgroup_dir, writes `size` bytes, exits."""
+    forker.stdin.write(f"{cgroup_dir}/cgroup.procs\t{path}\t{size}\n")
+    forker.stdin.flush()
+    assert forker.stdout.readline() == "0\n"
 
 
 def _rss_kib(pid: int) -> int:
@@ -46,7 +52,7 @@ def _ours(metrics: dict, tmpfs: str) -> dict:
             and dict(labels).get("mountpoint") == tmpfs}
 
 
-def test_short_lived_cgroups_are_exported_once_and_cleaned_up(agent, cgroup_root, tmpfs):
+def test_short_lived_cgroups_are_exported_once_and_cleaned_up(agent, cgroup_root, tmpfs, forker):
     parent_rel = f"/thtest/churn-{uuid.uuid4().hex[:8]}"
     parent = cgroup_root + parent_rel
     os.makedirs(parent)
@@ -76,7 +82,7 @@ def test_short_lived_cgroups_are_exported_once_and_cleaned_up(agent, cgroup_root
         d = os.path.join(parent, f"c{i}")
         os.mkdir(d)
         size = 1000 + i % 7
-        _one_write(d, target, size)
+        _one_write(forker, d, target, size)
         written += size
         os.rmdir(d)
         if i % SCRAPE_EVERY == SCRAPE_EVERY - 1:
