@@ -89,6 +89,9 @@ def target_args(default_max: int = 1) -> dict[str, Arg]:
                          "or its full command line"),
         "cgroup": Arg(str, "every process in this cgroup v2 path (e.g. /thtest/job1)",
                       grammar=names.cgroup_path),
+        "job_id": Arg(str, "every process of this Slurm job on this node (found by its "
+                           "cgroups in any hierarchy, v1 or v2), except slurmstepd and the "
+                           "chaos run's own step", grammar=names.slurm_job_id),
         "max_targets": Arg(int, "blast radius: refuse when more processes match",
                            default=default_max, minimum=1),
     }

@@ -83,3 +83,10 @@ def cgroup_path(path: str) -> str | None:
     if not parts:
         return "the root cgroup holds every process on the host: name a child cgroup"
     return None
+
+
+def slurm_job_id(value: str) -> str | None:
+    """A Slurm job id: digits only (an array task is addressed by its own id)."""
+    if not isinstance(value, str) or not value.isascii() or not value.isdigit() or len(value) > 12:
+        return f"job_id {value!r} is not a Slurm job id (digits only, at most 12)"
+    return None

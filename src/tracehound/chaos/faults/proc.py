@@ -11,8 +11,8 @@ import time
 from ...attribution.procs import cgroup_v2_path
 from . import Arg, Availability, Detection, Fault, FaultError, Prepared, names, target_args
 from . import grown as grown_promql
-from .targets import (all_pids, cgroup_dir, check_target_args,
-                      enforce_blast_radius, resolve_processes, same_process)
+from .targets import (all_pids, cgroup_dir, check_target_args, enforce_blast_radius,
+                      resolve_processes, same_process, slurm_job_of)
 
 MARKER = "TRACEHOUND_CHAOS_FAULT"
 STARTUP_S = 1.0
@@ -25,6 +25,17 @@ def _target_cgroup(state: dict | None, args: dict) -> str | None:
     if cgroup is None and state and state.get("procs"):
         cgroup = state["procs"][0][3]
     return cgroup if cgroup and cgroup != "/" else None
+
+
+def _target_owner(state: dict | None, args: dict) -> tuple[str, str] | None:
+    """The label that names the targets' owner on the agent: their Slurm job
+    when they belong to one (the agent labels it whatever cgroup it counts
+    by, v2 or a v1 controller's), else their cgroup v2 path."""
+    job = args.get("job_id") or (state or {}).get("job_id")
+    if job:
+        return "job_id", job
+    cgroup = _target_cgroup(state, args)
+    return ("cgroup", cgroup) if cgroup else None
 
 
 def _no_cgroup(what: str) -> Detection:
@@ -42,13 +53,17 @@ class _ProcessFault(Fault):
         procs = resolve_processes(args)
         enforce_blast_radius("processes", procs, args["max_targets"])
         rows = [[p.pid, p.start, p.comm, cgroup_v2_path(p.pid)] for p in procs]
-        return Prepared([p.label() for p in procs], {"procs": rows, **self._extra(args)})
+        jobs = {(slurm_job_of(p.pid) or (None,))[0] for p in procs}
+        # one job for every target: detection asks for that job's series
+        job = next(iter(jobs)) if len(jobs) == 1 else None
+        return Prepared([p.label() for p in procs],
+                        {"procs": rows, "job_id": job, **self._extra(args)})
 
     def _extra(self, args) -> dict:
         return {}
 
     def _signal(self, state: dict, sig: int) -> None:
-        for pid, start, _comm, _cg in state["procs"]:
+        for pid, start, *_ in state["procs"]:
             if same_process(pid, start):
                 try:
                     os.kill(pid, sig)
@@ -56,13 +71,15 @@ class _ProcessFault(Fault):
                     pass
 
     def detection(self, args, state=None):
-        cgroup = _target_cgroup(state, args)
-        if cgroup is None:
+        owner = _target_owner(state, args)
+        if owner is None:
             return _no_cgroup(self.name)
-        sel = f'{{cgroup="{cgroup}",reason="signal",signal="{args.get("signal", "KILL")}"}}'
+        key, value = owner
+        sig = args.get("signal", "KILL")
+        sel = f'{{{key}="{value}",reason="signal",signal="{sig}"}}'
         return Detection.counter_grows("tracehound_process_exits_total" + sel,
-                                       f"the kernel counts the target's exit by SIG"
-                                       f"{args.get('signal', 'KILL')} in {cgroup}")
+                                       f"the kernel counts the target's exit by SIG{sig} in "
+                                       f"{key.replace('_', ' ')} {value}")
 
 
 class ProcKill(_ProcessFault):
@@ -106,13 +123,15 @@ class ProcStop(_ProcessFault):
         return None
 
     def detection(self, args, state=None):
-        cgroup = _target_cgroup(state, args)
-        if cgroup is None:
+        owner = _target_owner(state, args)
+        if owner is None:
             return _no_cgroup(self.name)
-        q = f'tracehound_cgroup_processes{{cgroup="{cgroup}",state="stopped"}}'
+        key, value = owner
+        q = f'tracehound_cgroup_processes{{{key}="{value}",state="stopped"}}'
         return Detection(query=q, signal="value", predicate="> 0", promql=f"sum({q})",
-                         note=f"stopped processes in {cgroup} (after --stall-after, also a "
-                              "job_stalled event)")
+                         note=f"stopped processes in {key.replace('_', ' ')} {value} (after "
+                              "--stall-after, also a job_stalled event; process states are "
+                              "read from the cgroup v2 tree)")
 
     def rollback(self, state):
         keep = set(state.get("stopped_before", ()))

@@ -10,6 +10,8 @@ import re
 import subprocess
 from dataclasses import dataclass
 
+from ...attribution import slurm as slurm_paths
+from ...attribution.procs import proc_cgroups
 from . import FaultError, names
 
 PF_KTHREAD = 0x00200000
@@ -73,10 +75,49 @@ def all_pids() -> list[int]:
     return sorted(int(d) for d in os.listdir("/proc") if d.isdigit())
 
 
+TARGET_KEYS = ("pid", "name", "cgroup", "job_id")
+
+
+def slurm_job_of(pid: int, node: str | None = None) -> tuple[str, str] | None:
+    """(job id, step) of the Slurm job whose cgroup holds the process, in
+    whichever hierarchy says so (v2 on a v2 host, the v1 controllers on a
+    hybrid or v1 one); None for a process of no job. With `node`, a path
+    under another node's slurmd (slurm_<other>/, as several slurmd on one
+    host make) is not this node's job."""
+    for path in proc_cgroups(pid).values():
+        parts = [c for c in path.split("/") if c]
+        parsed = slurm_paths.parse(parts)
+        if parsed is None or not parsed.job_id:
+            continue
+        roots = [c[len("slurm_"):] for c in parts if c.startswith("slurm_")]
+        if node and roots and roots[0] != node:
+            continue
+        return parsed.job_id, parsed.step
+    return None
+
+
+def job_pids(job_id: str) -> list[int]:
+    """The processes of a job on this node, less slurmstepd (Slurm's own)
+    and the step this chaos run is itself a part of (srun --jobid --overlap
+    puts it inside the job it targets)."""
+    own = (os.environ.get("SLURM_JOB_ID"), os.environ.get("SLURM_STEP_ID"))
+    node = os.environ.get("SLURMD_NODENAME")
+    out = []
+    for pid in all_pids():
+        found = slurm_job_of(pid, node)
+        if found is None or found[0] != job_id or found == own:
+            continue
+        fields = _stat_fields(pid)
+        if fields is None or fields[1] == "slurmstepd":
+            continue
+        out.append(pid)
+    return out
+
+
 def check_target_args(args: dict) -> list[str]:
-    given = [k for k in ("pid", "name", "cgroup") if args.get(k) is not None]
+    given = [k for k in TARGET_KEYS if args.get(k) is not None]
     if len(given) != 1:
-        return ["give exactly one target: pid, name or cgroup"
+        return ["give exactly one target: pid, name, cgroup or job_id"
                 + (f" (got {', '.join(given)})" if given else "")]
     if args.get("name") is not None:
         try:
@@ -102,6 +143,8 @@ def resolve_processes(args: dict) -> list[Proc]:
     elif args.get("name") is not None:
         rx = re.compile(args["name"])
         pids = [p for p in all_pids() if _name_matches(p, rx)]
+    elif args.get("job_id") is not None:
+        pids = job_pids(args["job_id"])
     else:
         pids = cgroup_procs(cgroup_dir(args["cgroup"]))
     out = []
@@ -129,7 +172,7 @@ def _name_matches(pid: int, rx: re.Pattern) -> bool:
 
 
 def describe_target(args: dict) -> str:
-    for key in ("pid", "name", "cgroup"):
+    for key in TARGET_KEYS:
         if args.get(key) is not None:
             return f"{key} {args[key]!r}"
     return "no target"
