@@ -2,9 +2,10 @@
 one tracehound agent per simulated node, `tracehound health` as the nodes'
 real HealthCheckProgram. Needs root (namespaces, slurmd's cgroups, BPF).
 
-Every node's agent listens on 127.0.0.1:9560 inside the node's network
-namespace, the default URL of `tracehound health`, which slurmd runs in
-that namespace with its bare environment. All nodes share this kernel and
+Every node's agent listens on port 9560 of every address of the node's
+network namespace: 127.0.0.1:9560 is the default URL of `tracehound
+health`, which slurmd runs there with its bare environment, and the node's
+bridge address is what the fleet's Prometheus (on the host) scrapes. All nodes share this kernel and
 its /dev/kmsg, so each agent serves one GPU bus id of its own
 (--gpu-bus-ids): a GPU error line naming it is that node's alone.
 """
@@ -18,6 +19,7 @@ import time
 
 import pytest
 
+from tests import prometheus_server
 from tests.conftest import tracehound_cmd
 from tests.cluster.slurm import Cluster
 from tests.kernel.test_fleet import stop as stop_process
@@ -63,7 +65,7 @@ class Agents:
         with out:
             self.procs[node] = subprocess.Popen(
                 ["nsenter", f"--net=/run/netns/{self.cluster.netns(node)}", "--",
-                 *tracehound_cmd(), "run", "--listen", "127.0.0.1:9560",
+                 *tracehound_cmd(), "run", "--listen", "0.0.0.0:9560",
                  "--instance", self.instance(node), "--gpu-bus-ids", self.bus_ids[node],
                  "--gpu-fatal-xid-window", str(FATAL_XID_WINDOW_S),
                  # the nodes share this kernel: each agent exports its slurmd's jobs only
@@ -144,4 +146,22 @@ def slurm_cluster():
             agents.stop(node)
         cluster.down()
         agents.forget()
+        shutil.rmtree(run_dir, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def fleet_prometheus(slurm_cluster):
+    """A real Prometheus on the host scraping every node's agent at the
+    node's bridge address each second, each target labelled node=<name>."""
+    run_dir = tempfile.mkdtemp(prefix="thtest-fleetprom-")
+    addr = slurm_cluster.state["addr_of"]
+    config = {"global": {"scrape_interval": "1s", "evaluation_interval": "1s"},
+              "scrape_configs": [{
+                  "job_name": "tracehound", "scrape_interval": "1s", "scrape_timeout": "1s",
+                  "static_configs": [{"targets": [f"{addr[n]}:9560"], "labels": {"node": n}}
+                                     for n in slurm_cluster.nodes]}]}
+    try:
+        with prometheus_server.serving(run_dir, config) as url:
+            yield url
+    finally:
         shutil.rmtree(run_dir, ignore_errors=True)

@@ -48,10 +48,13 @@ def add_parser(sub, hook=None) -> None:
     r.add_argument("--no-plot", action="store_true",
                    help="skip the timeline plot (matplotlib is slow to load on small or "
                         "emulated machines)")
+    from .fleet.cli import add_recover_arguments, add_run_arguments
+    add_run_arguments(r)
     r.set_defaults(handler=cmd_run)
     rc = actions.add_parser("recover", help="roll back faults left by runs that died")
     rc.add_argument("--journal", default=DEFAULT_DIR, metavar="DIR",
                     help=f"fault journal directory (default {DEFAULT_DIR})")
+    add_recover_arguments(rc)
     rc.set_defaults(handler=cmd_recover)
     ls = actions.add_parser("list", help="the fault catalog and what works on this host")
     ls.set_defaults(handler=cmd_list)
@@ -116,6 +119,9 @@ def cmd_run(args) -> int:
     exp, code = _load(args.file, args.allow_code, trusted_only=os.geteuid() == 0)
     if exp is None:
         return code
+    from .fleet import cli as fleet_cli
+    if fleet_cli.wanted(args):
+        return fleet_cli.cmd_run(args, exp, out, err)
     unavailable = [(a, f, exp.availability[f].reason) for a, f in exp.faults
                    if not exp.availability[f].ok]
     for action, fault, reason in unavailable:
@@ -216,6 +222,9 @@ def _plan(exp, args, explicit: bool) -> int:
 
 
 def cmd_recover(args) -> int:
+    if getattr(args, "slurm", False):
+        from .fleet import cli as fleet_cli
+        return fleet_cli.cmd_recover(args, out, err)
     from .recovery import recover
     from .trust import UntrustedFile
     try:

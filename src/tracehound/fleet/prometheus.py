@@ -13,6 +13,10 @@ API
     Sample without labels; an empty vector gives ``[]``. `at` is a Unix time
     to evaluate at (default: now). Raises PrometheusError.
 
+``query_range(url, promql, start, end, step, timeout=10.0) -> [(labels, [(t, v)])]``
+    One range query through ``/api/v1/query_range``: every series with its
+    points. Raises PrometheusError.
+
 ``wait_for(url, promql, predicate=bool, timeout=60.0, interval=0.5,
 started=None) -> (samples, seconds)``
     Repeats `query` until ``predicate(samples)`` is true and returns those
@@ -106,9 +110,26 @@ def query(url: str, promql: str, timeout: float = 10.0, at: float | None = None)
     form = {"query": promql, "timeout": f"{max(int(timeout * 1000), 1)}ms"}
     if at is not None:
         form["time"] = f"{at:.3f}"
+    return _samples(_api(url, "/api/v1/query", form, promql, timeout))
+
+
+def query_range(url: str, promql: str, start: float, end: float, step: float,
+                timeout: float = 10.0) -> list[tuple[dict, list[tuple[float, float]]]]:
+    """(labels, [(time, value)...]) per series of a range query."""
+    form = {"query": promql, "start": f"{start:.3f}", "end": f"{end:.3f}",
+            "step": f"{max(step, 0.001):.3f}", "timeout": f"{max(int(timeout * 1000), 1)}ms"}
+    data = _api(url, "/api/v1/query_range", form, promql, timeout)
+    if data.get("resultType") != "matrix":
+        raise PrometheusError(f"expected a range result, got a {data.get('resultType')}",
+                              retryable=False)
+    return [(dict(r.get("metric", {})), [(float(t), float(v)) for t, v in r.get("values", [])])
+            for r in data.get("result") or []]
+
+
+def _api(url: str, path: str, form: dict, promql: str, timeout: float) -> dict:
     # POST: long PromQL expressions would overflow a URL.
     request = urllib.request.Request(
-        _endpoint(url, "/api/v1/query"), data=urllib.parse.urlencode(form).encode(),
+        _endpoint(url, path), data=urllib.parse.urlencode(form).encode(),
         headers={"Content-Type": "application/x-www-form-urlencoded",
                  "Accept": "application/json"})
     try:
@@ -131,7 +152,7 @@ def query(url: str, promql: str, timeout: float = 10.0, at: float | None = None)
     if doc.get("status") != "success":
         raise PrometheusError(f"query {promql!r} failed: {_error_detail(body)}",
                               retryable=False)
-    return _samples(doc.get("data") or {})
+    return doc.get("data") or {}
 
 
 def _error_detail(body: bytes) -> str:
