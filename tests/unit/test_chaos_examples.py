@@ -12,6 +12,7 @@ from tracehound.chaos.faults import Availability
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples"
 NAMES = sorted(p.name for p in EXAMPLES.glob("*.yaml"))
+FLEET = sorted(f"fleet/{p.name}" for p in EXAMPLES.glob("fleet/*.yaml"))
 
 
 def test_there_is_an_example_per_runnable_fault_family():
@@ -19,7 +20,7 @@ def test_there_is_an_example_per_runnable_fault_family():
     assert {"io", "net", "proc", "rdma"} <= faults, NAMES
 
 
-@pytest.mark.parametrize("name", NAMES)
+@pytest.mark.parametrize("name", NAMES + FLEET)
 def test_example_validates(name, capsys, monkeypatch):
     for key in [k for k in os.environ if k.startswith(("CHAOS_", "TRACEHOUND_"))]:
         monkeypatch.delenv(key)
