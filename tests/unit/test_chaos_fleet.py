@@ -197,3 +197,22 @@ def test_a_job_target_is_this_nodes_processes_of_the_job_only(monkeypatch):
     monkeypatch.setenv("SLURM_STEP_ID", "1")
     assert targets.job_pids("5") == [10, 14]
     assert targets.slurm_job_of(11) == ("5", "0") and targets.slurm_job_of(11, "n1") is None
+
+
+def test_a_dry_run_prints_the_plan_and_each_nodes_srun_line(monkeypatch, capsys, tmp_path):
+    from tracehound.chaos.fleet import slurm
+    monkeypatch.setattr(plan, "slurm", fake_cluster({"n1": "idle", "n2": "idle", "n3": "down"}))
+    monkeypatch.setattr(slurm, "tool", lambda name: f"/usr/bin/{name}")
+    exp = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "fleet",
+                       "proc-kill.yaml")
+    code = cli.main(["chaos", "run", exp, "--slurm", "--count", "1", "--seed", "3",
+                     "--max-share", "50", "--journal", str(tmp_path / "j"), "--dry-run"])
+    text, errors = capsys.readouterr()
+    assert code == 0, errors
+    drawn = plan.draw(["n1", "n2"], 1, 3)[0]
+    assert f"1 idle node(s) drawn with seed 3: {drawn} (1 of 3 in partition batch, 33%)" in text
+    assert "dry run, nothing launched; each node runs:" in text
+    assert "--exclusive --immediate=60 --partition=batch -- " in text
+    assert "chaos run " in text and " --yes --journal " in text and "--allow-code" not in text
+    assert not (tmp_path / "j").exists()
+

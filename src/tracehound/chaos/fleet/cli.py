@@ -118,11 +118,6 @@ def cmd_run(args, exp, out, err) -> int:
     if why:
         err(f"tracehound: chaos run: {why}")
         return EXIT_INVALID
-    if exp.code and not args.allow_code:
-        err(f"tracehound: chaos run: refusing {args.file} without --allow-code: "
-            f"{len(exp.code)} activities run code of the file's choosing (see "
-            "'tracehound chaos validate'); nothing was launched")
-        return EXIT_FAILED
     experiment = os.path.abspath(args.file)
     if args.kubernetes:
         from . import kubernetes
@@ -137,16 +132,24 @@ def cmd_run(args, exp, out, err) -> int:
         return EXIT_FAILED
     dry = args.dry_run or (exp.destructive and not args.yes)
     if dry:
-        from .launcher import Launcher, Options
-        preview = Launcher(experiment, exp.title, plan, Options(
-            node_command=node_command(args.node_command), allow_code=args.allow_code),
-            args.journal, args.report, "<run>", out, err)
+        from .journal import node_journal
+        from .launcher import node_run_argv
+        run = "20000101T000000-00000000"        # a placeholder the run's own id replaces
         out("tracehound: fleet: dry run, nothing launched"
             + ("" if args.dry_run else " (destructive faults: pass --yes)") + "; each node runs:")
         out("  " + shlex.join(slurm.srun_argv(
-            "<node>", [*preview.opt.node_command, "chaos", "run", experiment, "--yes", "..."],
-            plan.partition, plan.job_id, args.immediate, "tracehound-chaos-<run>")))
+            "NODE", node_run_argv(node_command(args.node_command), experiment,
+                                  node_journal(args.journal, run, "NODE"),
+                                  os.path.join(os.path.abspath(args.report),
+                                               f"fleet-{run}", "nodes", "NODE"),
+                                  args.allow_code),
+            plan.partition, plan.job_id, args.immediate, f"tracehound-chaos-{run}")))
         return EXIT_OK
+    if exp.code and not args.allow_code:
+        err(f"tracehound: chaos run: refusing {args.file} without --allow-code: "
+            f"{len(exp.code)} activities run code of the file's choosing (see "
+            "'tracehound chaos validate'); nothing was launched")
+        return EXIT_FAILED
     return _launch(args, exp, experiment, plan, out, err)
 
 
@@ -181,7 +184,7 @@ def _launch(args, exp, experiment, plan, out, err) -> int:
         return EXIT_FAILED
     fleet = report.build(launch, report_dir, args.prometheus, args.node_label,
                          args.detect_timeout if launch["status"] == "completed" else
-                         min(args.detect_timeout, 10), err=err)
+                         min(args.detect_timeout, 10))
     paths = render.write(fleet, report_dir, plot=not args.no_plot)
     out(f"tracehound: fleet: '{exp.title}' {launch['status']}: landed on "
         f"{len(fleet['landed'])} of {len(plan.nodes)} node(s)")

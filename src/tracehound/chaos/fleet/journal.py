@@ -51,7 +51,8 @@ class FleetJournal(local.Journal):
     """The local journal's file handling (write, adopt, close) with the
     fleet's records."""
 
-    def __init__(self, base: str, run_id: str):  # noqa: super().__init__ writes a local run's start
+    def __init__(self, base: str, run_id: str):
+        # not the local journal's __init__: that one writes a local run's start
         self.base, self.run_id = base, run_id
         d = directory(base)
         os.makedirs(d, mode=0o700, exist_ok=True)

@@ -10,6 +10,7 @@ the node's run, which rolls back and ends); a node that does not end within
 """
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -69,10 +70,9 @@ class Launcher:
         return os.path.join(self.report_dir, "nodes", node)
 
     def node_command(self, node: str) -> list[str]:
-        argv = [*self.opt.node_command, "chaos", "run", self.experiment, "--yes",
-                "--journal", fleet_journal.node_journal(self.journal_base, self.run_id, node),
-                "--report", os.path.abspath(self.node_dir(node)), "--no-plot"]
-        return argv + (["--allow-code"] if self.opt.allow_code else [])
+        return node_run_argv(self.opt.node_command, self.experiment,
+                             fleet_journal.node_journal(self.journal_base, self.run_id, node),
+                             os.path.abspath(self.node_dir(node)), self.opt.allow_code)
 
     # -- the run -------------------------------------------------------------
     def run(self) -> dict:
@@ -206,6 +206,15 @@ class Launcher:
         self._reap()
 
 
+def node_run_argv(tracehound: list[str], experiment: str, journal: str, report: str,
+                  allow_code: bool) -> list[str]:
+    """What each node runs: the ordinary local run, destructive faults
+    consented to by the launcher's own --yes."""
+    argv = [*tracehound, "chaos", "run", experiment, "--yes", "--journal", journal,
+            "--report", report, "--no-plot"]
+    return argv + (["--allow-code"] if allow_code else [])
+
+
 def _signal(proc: subprocess.Popen, sig: int) -> None:
     try:
         proc.send_signal(sig)
@@ -227,7 +236,6 @@ def node_record_path(node_dir: str) -> str | None:
 def node_status(node_dir: str, rc: int | None) -> str:
     """What became of a node's run: its own record's status, else why there
     is none (srun could not place it, or it was killed)."""
-    import json
     path = node_record_path(node_dir)
     if path is not None:
         try:

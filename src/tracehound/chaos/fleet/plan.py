@@ -58,10 +58,11 @@ def draw(names: list[str], k: int, seed: int) -> list[str]:
 
 def choose(partition: str | None = None, nodes: str | None = None, count: int | None = None,
            percent: float | None = None, job_id: str | None = None,
-           seed: int | None = None, cluster=slurm) -> Plan:
+           seed: int | None = None, cluster=None) -> Plan:
     """The plan for one of the selections (the CLI makes sure exactly one is
     given). `cluster` is the Slurm client (a module with partition_nodes,
-    default_partition, hostnames and job)."""
+    default_partition, hostnames and job; Slurm's clients by default)."""
+    cluster = cluster or slurm
     if job_id is not None:
         job = cluster.job(job_id)
         size = len(cluster.partition_nodes(job.partition))

@@ -4,6 +4,7 @@ whose runs did not end clean), through srun, each against that run's own
 journal directory on the node."""
 from __future__ import annotations
 
+import os
 import subprocess
 
 from . import journal as fleet_journal
@@ -43,7 +44,7 @@ def recover_fleet(base: str, node_command: list[str], out, err) -> int:
     failed = 0
     for run in runs:
         journal = fleet_journal.FleetJournal.adopt(
-            fleet_journal.os.path.join(fleet_journal.directory(base), f"{run.run_id}.jsonl"),
+            os.path.join(fleet_journal.directory(base), f"{run.run_id}.jsonl"),
             run.fd)
         left = 0
         for node, job_id in sorted(run.nodes.items()):

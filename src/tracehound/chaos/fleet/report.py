@@ -72,7 +72,7 @@ def first_held(points: list[tuple[float, float]], since: float, predicate: str) 
 
 
 def ask_prometheus(url: str, label: str, nodes: dict[str, dict], timeout_s: float,
-                   step_s: float = 1.0, err=print) -> None:
+                   step_s: float = 1.0) -> None:
     """Fill nodes[n]["prometheus"] for every applied fault: detected on that
     instance, and when. Waits up to timeout_s for a scrape still to come."""
     asks = []
@@ -205,10 +205,10 @@ def summarize(nodes: dict[str, dict]) -> list[dict]:
 
 
 def build(launch: dict, report_dir: str, prometheus_url: str | None, node_label: str,
-          detect_timeout_s: float, err=print) -> dict:
+          detect_timeout_s: float) -> dict:
     nodes = collect(launch, report_dir)
     if prometheus_url:
-        ask_prometheus(prometheus_url, node_label, nodes, detect_timeout_s, err=err)
+        ask_prometheus(prometheus_url, node_label, nodes, detect_timeout_s)
     landed = [n for n, i in nodes.items() if i["status"] != "not landed"]
     return {**{k: launch[k] for k in ("run_id", "title", "experiment", "status", "stop_reason",
                                       "plan", "fleet_journal")},
