@@ -147,12 +147,12 @@ def read_records(path: str) -> list[dict]:
     except trust.UntrustedFile as exc:
         raise BadJournal(str(exc)) from None
     try:
-        return parse_records(_read(fd, path))
+        return parse_records(read_open(fd, path))
     finally:
         os.close(fd)
 
 
-def _read(fd: int, path: str) -> bytes:
+def read_open(fd: int, path: str) -> bytes:
     raw = trust.read_bounded(fd, MAX_JOURNAL_BYTES)
     if len(raw) > MAX_JOURNAL_BYTES:
         raise BadJournal(f"{path} is larger than {MAX_JOURNAL_BYTES} bytes")
@@ -297,7 +297,7 @@ def _dead_run(path: str) -> DeadRun | None:
         return None
     try:
         trust.check_stat(st, path, "the journal")
-        records = parse_records(_read(fd, path))
+        records = parse_records(read_open(fd, path))
     except (BadJournal, trust.UntrustedFile, OSError) as exc:
         fcntl.flock(fd, fcntl.LOCK_UN)
         os.close(fd)

@@ -11,7 +11,7 @@ import time
 
 from ...attribution.procs import proc_cgroups, read_pids
 from . import Arg, Availability, Detection, Fault, FaultError, Prepared, cgroupctl, names
-from .targets import (cgroup2_root, cgroup_dir, cgroup_procs, proc_of,
+from .targets import (cgroup2_root, cgroup_dir, cgroup_procs, common_job, proc_of,
                       run_cmd, same_process)
 
 THROTTLE_KEYS = ("rbps", "wbps", "riops", "wiops")
@@ -93,12 +93,16 @@ class IoThrottle(Fault):
         if mode == "auto":
             mode = "v2" if "io" in cgroupctl.controllers(root) else "v1"
         target = [f"cgroup {args['cgroup']} on {dev}"]
+        try:
+            job = common_job(cgroup_procs(directory))
+        except FaultError:      # no processes to ask yet: detection asks by cgroup
+            job = None
         if mode == "v2":
             enable = cgroupctl.ancestors_to_enable(root, directory, "io")
             previous = cgroupctl.read_keyed(os.path.join(directory, "io.max")).get(dev)
             return Prepared(target, {"mode": "v2", "dir": directory, "device": dev,
                                      "limits": limits, "enable": enable,
-                                     "previous": previous})
+                                     "previous": previous, "job_id": job})
         blkio = _blkio_root()
         if blkio is None:
             raise FaultError("cgroup v1 blkio is not mounted and v2 has no io controller")
@@ -113,7 +117,7 @@ class IoThrottle(Fault):
         parent = os.path.join(blkio, V1_PARENT)
         state = {"mode": "v1", "blkio": blkio, "dir": os.path.join(parent, fault_id),
                  "parent": parent, "created_parent": not os.path.isdir(parent),
-                 "device": dev, "limits": limits, "moved": moved}
+                 "device": dev, "limits": limits, "moved": moved, "job_id": job}
         notes = ["cgroup v2 has no io controller here: throttled through cgroup v1 blkio; "
                  "processes that join the cgroup later are not throttled"]
         return Prepared(target + [f"{len(moved)} process(es)"], state, notes)
@@ -145,12 +149,15 @@ class IoThrottle(Fault):
 
     def detection(self, args, state=None):
         op = "write" if (args.get("wbps") or args.get("wiops")) else "read"
-        sel = f'{{cgroup="{args["cgroup"]}"}}'
+        job = (state or {}).get("job_id")
+        # a Slurm job's processes: the job's series, whatever cgroup the agent counts by
+        sel = f'{{job_id="{job}"}}' if job else f'{{cgroup="{args["cgroup"]}"}}'
         name = f"tracehound_io_{op}_latency_seconds"
         return Detection(
             query=name + sel, signal="mean", predicate="> 0.005",
             promql=f"sum(rate({name}_sum{sel}[30s])) / sum(rate({name}_count{sel}[30s]))",
-            note=f"mean {op} latency of the cgroup's calls rises above 5 ms")
+            note=f"mean {op} latency of the " + (f"job {job}'s" if job else "cgroup's")
+                 + " calls rises above 5 ms")
 
 
 def _rollback_v1(state: dict) -> str | None:

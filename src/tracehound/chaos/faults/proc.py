@@ -12,7 +12,7 @@ from ...attribution.procs import cgroup_v2_path
 from . import Arg, Availability, Detection, Fault, FaultError, Prepared, names, target_args
 from . import grown as grown_promql
 from .targets import (all_pids, cgroup_dir, check_target_args, enforce_blast_radius,
-                      resolve_processes, same_process, slurm_job_of)
+                      common_job, resolve_processes, same_process)
 
 MARKER = "TRACEHOUND_CHAOS_FAULT"
 STARTUP_S = 1.0
@@ -53,11 +53,9 @@ class _ProcessFault(Fault):
         procs = resolve_processes(args)
         enforce_blast_radius("processes", procs, args["max_targets"])
         rows = [[p.pid, p.start, p.comm, cgroup_v2_path(p.pid)] for p in procs]
-        jobs = {(slurm_job_of(p.pid) or (None,))[0] for p in procs}
-        # one job for every target: detection asks for that job's series
-        job = next(iter(jobs)) if len(jobs) == 1 else None
         return Prepared([p.label() for p in procs],
-                        {"procs": rows, "job_id": job, **self._extra(args)})
+                        {"procs": rows, "job_id": common_job(p.pid for p in procs),
+                         **self._extra(args)})
 
     def _extra(self, args) -> dict:
         return {}

@@ -96,6 +96,15 @@ def slurm_job_of(pid: int, node: str | None = None) -> tuple[str, str] | None:
     return None
 
 
+def common_job(pids) -> str | None:
+    """The Slurm job every one of the processes belongs to on this node, if
+    one: detection then asks for that job's series, which the agent labels
+    whatever cgroup (v2, or a v1 controller's) it counts by."""
+    node = os.environ.get("SLURMD_NODENAME")
+    jobs = {(slurm_job_of(pid, node) or (None,))[0] for pid in pids}
+    return next(iter(jobs)) if len(jobs) == 1 else None
+
+
 def job_pids(job_id: str) -> list[int]:
     """The processes of a job on this node, less slurmstepd (Slurm's own)
     and the step this chaos run is itself a part of (srun --jobid --overlap

@@ -21,6 +21,7 @@ import re
 import socket
 
 from .. import journal as local
+from .. import trust
 
 FLEET = "fleet"
 _NODE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
@@ -120,8 +121,8 @@ def dead_runs(base: str, err) -> list[DeadFleetRun]:
             continue
         path = os.path.join(d, name)
         try:
-            fd, _ = local.trust.open_regular(path, os.O_RDWR)
-        except (local.trust.UntrustedFile, OSError) as exc:
+            fd, _ = trust.open_regular(path, os.O_RDWR)
+        except (trust.UntrustedFile, OSError) as exc:
             err(f"tracehound: chaos recover: skipping {path}: {exc}")
             continue
         try:
@@ -130,7 +131,7 @@ def dead_runs(base: str, err) -> list[DeadFleetRun]:
             os.close(fd)        # its launcher is alive
             continue
         try:
-            records = local.parse_records(local._read(fd, path))
+            records = local.parse_records(local.read_open(fd, path))
         except local.BadJournal as exc:
             err(f"tracehound: chaos recover: skipping {path}: {exc}")
             os.close(fd)

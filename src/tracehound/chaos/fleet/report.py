@@ -72,7 +72,7 @@ def first_held(points: list[tuple[float, float]], since: float, predicate: str) 
 
 
 def ask_prometheus(url: str, label: str, nodes: dict[str, dict], timeout_s: float,
-                   step_s: float = 1.0) -> None:
+                   step_s: float = 0.25, poll_s: float = 1.0) -> None:
     """Fill nodes[n]["prometheus"] for every applied fault: detected on that
     instance, and when. Waits up to timeout_s for a scrape still to come."""
     asks = []
@@ -110,7 +110,7 @@ def ask_prometheus(url: str, label: str, nodes: dict[str, dict], timeout_s: floa
         asks = left
         if not asks or time.monotonic() > deadline:
             break
-        time.sleep(step_s)
+        time.sleep(poll_s)
 
 
 def collect(launch: dict, report_dir: str) -> dict[str, dict]:
