@@ -9,7 +9,7 @@ three agents answers per instance in the fleet report.
 - --job hits only that job's processes on its nodes; a second job on the
   same nodes keeps running;
 - --abort-when stops the fleet: no new node starts, the running one rolls
-  back;
+  back; so does Ctrl-C;
 - a launcher and its nodes' runs killed mid-fault: `chaos recover --slurm`
   reaches exactly the nodes the fleet journal names and undoes the fault.
 """
@@ -140,6 +140,25 @@ def test_abort_when_stops_new_nodes_and_rolls_back_the_running_one(
     for node in rest:
         assert report["nodes"][node]["status"] == "not landed"
         assert "never launched" in report["nodes"][node]["why"]
+
+
+def test_ctrl_c_stops_the_fleet_and_the_node_rolls_back(cluster, tmp_path):
+    node = cluster.nodes[1]
+    launcher = subprocess.Popen(
+        fleet_argv("proc-kill.yaml", tmp_path, "--nodes", node, "--allow-code"),
+        env={**cluster.env(), "CHAOS_HOLD_SECONDS": "120"}, stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT, text=True)
+    journals = str(tmp_path / "journal" / "fleet" / "*" / node / "*.jsonl")
+    poll(lambda: any('"event": "applied"' in Path(p).read_text() for p in glob.glob(journals)),
+         "the node's fault applied")
+    launcher.send_signal(signal.SIGINT)
+    output = launcher.communicate(timeout=120)[0]
+    assert launcher.returncode == 130, output
+    assert "SIGINT received: no new node starts, running nodes roll back" in output
+    report = fleet_report(tmp_path)
+    info = report["nodes"][node]
+    assert report["status"] == "interrupted" and info["stopped"] and not info["killed"]
+    assert info["status"] == "interrupted" and info["faults"][0]["rolled_back"] == "done", info
 
 
 def test_a_share_of_the_partition_lands_on_exactly_the_nodes_drawn(
