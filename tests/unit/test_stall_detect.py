@@ -48,7 +48,10 @@ class Tree:
 
 def workload(path: str):
     if path.startswith("/slurm/job_7"):
-        return _labels(workload="slurm", job_id="7")
+        parts = path.split("/")
+        step = next((p[5:] for p in parts if p.startswith("step_")), "")
+        task = next((p[5:] for p in parts if p.startswith("task_")), "")
+        return _labels(workload="slurm", job_id="7", step=step, task=task)
     if path.startswith("/system.slice/cron.service"):
         return _labels(workload="systemd", unit="cron.service")
     return _labels()
@@ -99,7 +102,7 @@ def test_a_gpu_job_that_moved_data_and_then_nothing_is_stalled_once_and_then_res
     values[cg] = 300
     det.run_once(25)
     assert kinds(events)[-1] == ("job_resumed", "no_progress")
-    assert events[-1]["stalled_for_s"] == 14
+    assert events[-1]["stalled_for_s"] == 24     # from its last progress, at t=1
     assert list(det.collect())[0].samples == []
 
 
@@ -126,6 +129,7 @@ def test_all_processes_stopped_is_a_stall_after_the_threshold_and_frozen_too(set
     tree.set("/slurm/job_7", {"stopped": 1, "running": 1})
     det.run_once(6)
     assert kinds(events)[-1] == ("job_resumed", "stopped")
+    assert events[-1]["stalled_for_s"] == 6      # stopped since t=0
     tree.set("/slurm/job_7", {"sleeping": 2}, frozen=True)
     det.run_once(7)
     det.run_once(12)
@@ -173,6 +177,25 @@ def test_which_cgroups_are_watched(setup):
     det.run_once(10)
     assert [e["cgroup"] for e in events] == ["/batch/a"]
     assert [s.value for s in list(det.collect())[1].samples] == [1]
+
+
+def test_a_stopped_job_of_three_tasks_is_one_stall_named_by_the_job(setup):
+    tree, _board, _values, events, make = setup
+    tree.add("/slurm/job_7", {})
+    tree.add("/slurm/job_7/step_0", {})
+    for t in range(3):
+        tree.add(f"/slurm/job_7/step_0/task_{t}", {"stopped": 1})
+    det = make(stall_after=5)
+    for t in (0, 5, 310):
+        det.run_once(t)
+    assert kinds(events) == [("job_stalled", "stopped")]
+    assert events[0]["job_id"] == "7" and "step" not in events[0] and "task" not in events[0]
+    assert events[0]["processes"] == 3 and len(events[0]["cgroups"]) == 5
+    for t in range(3):
+        tree.set(f"/slurm/job_7/step_0/task_{t}", {"running": 1})
+    det.run_once(311)
+    assert kinds(events)[-1] == ("job_resumed", "stopped")
+    assert events[-1]["stalled_for_s"] == 311
 
 
 def test_a_job_spans_its_cgroups_and_progress_in_any_of_them_counts(setup):

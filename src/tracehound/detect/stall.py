@@ -49,6 +49,7 @@ GPU_SOURCE = "gpu"
 # process waiting in poll() or on a lock uses next to none.
 CPU_BUSY_SHARE = 0.05
 JOB_WORKLOADS = ("slurm", "kubernetes", "vm")
+PART_LABELS = ("step", "task", "container")
 # a node has hundreds of cgroups, a busy one a few thousand: bound the walk
 MAX_CGROUPS = 4096
 Emit = Callable[[dict], None]
@@ -71,7 +72,7 @@ class _Workload:
     cpu_at_progress: int = 0
     stopped_since: float | None = None
     stalled: str | None = None           # the reason of the episode in progress
-    stalled_since: float = 0.0
+    stalled_since: float = 0.0           # when the episode began: stopped, or last progress
     seen: float = 0.0
     cpu_seen: int = 0                    # CPU time (µs) and when, at the last look
     seen_at: float = 0.0
@@ -104,7 +105,10 @@ class StallDetector:
     def _key(self, path: str) -> tuple | None:
         values = self.workload(path)
         if dict(zip(WORKLOAD_LABELS, values)).get("workload") in JOB_WORKLOADS:
-            return ("labels", *values)
+            # the job, pod or VM: its steps, tasks and containers are its parts,
+            # judged together (a stopped 3-task job is one stall, not three)
+            return ("labels", *(v if k not in PART_LABELS else ""
+                                for k, v in zip(WORKLOAD_LABELS, values)))
         if self._pattern is not None and self._pattern.fullmatch(path):
             return ("cgroup", path)
         return None
@@ -186,8 +190,8 @@ class StallDetector:
             job.stopped_since = now
         reason = self._reason(job, now, any(cgid in blind for cgid in job.members))
         if reason and job.stalled is None:
-            job.stalled, job.stalled_since = reason, now
             since = job.stopped_since if reason == "stopped" else job.last_progress
+            job.stalled, job.stalled_since = reason, since
             self._fire("job_stalled", job, reason=reason, frozen=frozen,
                        stalled_for_s=round(now - since, 1), processes=live,
                        cpu_seconds=round(max(0, cpu - job.cpu_at_progress) / 1e6, 3),
