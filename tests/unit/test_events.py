@@ -106,8 +106,8 @@ def test_detection_by_event_reports_the_event_and_the_mttd(agent_http):
     emitted = []
     page = log.since
 
-    def since(seq):
-        answer = page(seq)
+    def since(seq, match=None):
+        answer = page(seq, match)
         reads.append(seq)
         if len(reads) == 2:
             emitted.append(time.monotonic())
@@ -165,3 +165,30 @@ def test_the_report_names_the_event_that_showed_the_fault():
     assert "**yes** | yes | 1.25 s" in row
     assert "event: time=2026-11-22T10:00:01.250+00:00" in row and "errno=ENOMEM" in row
     assert "seq=" not in row
+
+
+def test_events_of_one_job_pod_or_kind_only(agent_http):
+    exporter, _ = agent_http
+    url = events_url(exporter.url)
+    emit(event="job_anomaly", kind="job_stalled", job_id="1234", workload="slurm")
+    emit(event="job_anomaly", kind="job_stalled", job_id="99", workload="slurm")
+    emit(event="exit_anomaly", kind="oom_kill", job_id="1234")
+    emit(event="job_anomaly", kind="job_stalled", pod="trainer-0", namespace="ml")
+    assert [e["seq"] for e in get(f"{url}?job_id=1234")["events"]] == [1, 3]
+    page = get(f"{url}?job_id=1234&kind=job_stalled&since=0")
+    assert [e["seq"] for e in page["events"]] == [1] and page["next"] == 4
+    assert get(f"{url}?job_id=1234&since=3")["events"] == []
+    assert [e["seq"] for e in get(f"{url}?namespace=ml&pod=trainer-0")["events"]] == [4]
+
+
+@pytest.mark.parametrize("query, why", [
+    ("user=root", "unknown parameter 'user'"),
+    ("job_id=1&job_id=2", "job_id: one printable value"),
+    ("job_id=%0a1", "job_id: one printable value"),
+    ("pod=" + "x" * 600, "pod: one printable value of at most 512"),
+])
+def test_a_bad_filter_is_a_400_that_says_why(agent_http, query, why):
+    exporter, _ = agent_http
+    with pytest.raises(urllib.error.HTTPError) as err:
+        urllib.request.urlopen(f"{events_url(exporter.url)}?{query}", timeout=5)
+    assert err.value.code == 400 and why.encode() in err.value.read()

@@ -6,6 +6,8 @@ device, the errno) and *when the agent decided*. EventLog keeps the last
 `capacity` of them with a sequence number, so a reader polls
 `/events?since=N` and gets only what is new, plus `next` to ask from.
 `dropped` tells a reader that fell behind the ring that it missed some.
+`/events?job_id=1234` (or pod, namespace, unit, vm, cgroup, event, kind)
+returns only the events whose field has that value.
 
 Eviction is fair between classes of event (event, kind, condition,
 severity: a fatal XID, a segfault-derived exit, a health change are each
@@ -30,6 +32,9 @@ CLASS_FIELDS = ("event", "kind", "condition", "severity")
 CLASS_VALUE_CHARS = 64
 
 EVENTS_LOGGER = "tracehound.events"
+# /events?job_id=1234&kind=job_stalled: the fields a reader may filter on
+FILTER_FIELDS = ("job_id", "pod", "namespace", "unit", "vm", "cgroup", "event", "kind")
+FILTER_VALUE_CHARS = 512
 DEFAULT_CAPACITY = 4096
 
 
@@ -84,21 +89,44 @@ class EventLog(logging.Handler):
         del self._events[seq]
         self._evicted_upto = max(self._evicted_upto, seq)
 
-    def since(self, seq: int) -> dict:
+    def since(self, seq: int, match: dict[str, str] | None = None) -> dict:
+        """Events after `seq` whose fields equal every value of `match`;
+        `next` is the log's own position, so a filtered reader moves on too."""
         with self._guard:
-            events = [e for s, e in self._events.items() if s > seq]
+            events = [e for s, e in self._events.items() if s > seq and (
+                not match or all(str(e.get(k, "")) == v for k, v in match.items()))]
             # an event newer than the reader's position was evicted before it read it
             return {"events": events, "next": self._seq, "dropped": self._evicted_upto > seq}
 
     def wsgi(self, environ, start_response):
-        query = urllib.parse.parse_qs(environ.get("QUERY_STRING", ""))
-        raw = (query.get("since") or ["0"])[0]
+        query = urllib.parse.parse_qs(environ.get("QUERY_STRING", ""), keep_blank_values=True)
+        raw = (query.pop("since", None) or ["0"])[0]
         # ASCII and at most a u64's 20 digits: '²' passes isdigit() but not
         # int(), and int() refuses strings of over 4,300 digits
         if not (raw.isascii() and raw.isdigit() and len(raw) <= 20):
-            start_response("400 Bad Request", [("Content-Type", "text/plain")])
-            return [f"since must be a sequence number, not {raw!r}\n".encode()]
-        body = json.dumps(self.since(int(raw)), sort_keys=True, default=str).encode()
+            return _bad(start_response, f"since must be a sequence number, not {raw!r}")
+        match, why = _filters(query)
+        if why:
+            return _bad(start_response, why)
+        body = json.dumps(self.since(int(raw), match), sort_keys=True, default=str).encode()
         start_response("200 OK", [("Content-Type", "application/json"),
                                   ("Content-Length", str(len(body)))])
         return [body]
+
+
+def _bad(start_response, why: str) -> list[bytes]:
+    start_response("400 Bad Request", [("Content-Type", "text/plain; charset=utf-8")])
+    return [(why + "\n").encode()]
+
+
+def _filters(query: dict[str, list[str]]) -> tuple[dict[str, str], str | None]:
+    """?job_id=1234&kind=job_stalled -> {field: value}, or why not."""
+    match = {}
+    for key, values in query.items():
+        if key not in FILTER_FIELDS:
+            return {}, (f"unknown parameter {key[:40]!r}: since, or a filter on "
+                        + ", ".join(FILTER_FIELDS))
+        if len(values) != 1 or len(values[0]) > FILTER_VALUE_CHARS or not values[0].isprintable():
+            return {}, f"{key}: one printable value of at most {FILTER_VALUE_CHARS} characters"
+        match[key] = values[0]
+    return match, None
