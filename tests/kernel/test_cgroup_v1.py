@@ -9,7 +9,6 @@ node's jobs only.
 import json
 import os
 import subprocess
-import sys
 import tempfile
 import threading
 import uuid
@@ -20,7 +19,7 @@ from tracehound.attribution.cgroup_layout import v1_hierarchies
 from tracehound.attribution.procs import proc_cgroups
 from tracehound.host.mounts import MountTable
 
-from .conftest import WORKER, remove_cgroup, series, start_agent, stop_agent
+from .conftest import WORKER_ARGV, remove_cgroup, series, start_agent, stop_agent
 
 TAG = uuid.uuid4().hex[:8]
 JOB_A, JOB_B = (str(700000 + int(TAG[:4], 16) * 2 + i) for i in range(2))
@@ -79,7 +78,7 @@ def remove_tree(node_root: str) -> None:
 def run_job(rel: str, plan: list, results: dict, key: str) -> None:
     """The worker joins the job's freezer cgroup only: in the v2 tree it
     stays where this test runs, as a slurmstepd's task does on a hybrid host."""
-    out = subprocess.run([sys.executable, WORKER, FREEZER + rel + "/cgroup.procs",
+    out = subprocess.run([*WORKER_ARGV, FREEZER + rel + "/cgroup.procs",
                           json.dumps(plan)],
                          capture_output=True, text=True, timeout=120)
     results[key] = (out.returncode, out.stdout, out.stderr)
