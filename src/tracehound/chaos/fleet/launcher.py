@@ -23,6 +23,8 @@ from . import slurm
 from .plan import Plan
 
 POLL_S = 0.2
+# how long a stop looks for a just-launched node's step in squeue
+STEP_LOOKUP_S = 5.0
 # consecutive failed checks of the abort condition that stop the run: a
 # guard that cannot be read is no guard
 ABORT_CHECK_FAILURES = 3
@@ -185,12 +187,7 @@ class Launcher:
             run.stopped = True
             # the node's run rolls back and ends on SIGTERM; only where its
             # step cannot be found is srun told, which cancels the step
-            try:
-                found = slurm.signal_step(self.step_name, run.node, "TERM")
-            except slurm.SlurmError as exc:
-                self.err(f"tracehound: fleet: cannot signal {run.node}'s run: {exc}")
-                found = False
-            if not found:
+            if not self._signal_step(run):
                 _signal(run.proc, signal.SIGTERM)
         deadline = time.monotonic() + self.opt.stop_timeout_s
         while any(r.proc.poll() is None for r in running) and time.monotonic() < deadline:
@@ -204,6 +201,22 @@ class Launcher:
                 _signal(run.proc, signal.SIGKILL)
                 run.proc.wait()
         self._reap()
+
+    def _signal_step(self, run: NodeRun) -> bool:
+        """SIGTERM to the node's run through Slurm; a step launched a moment
+        ago may not be listed yet, so it is looked for a few seconds."""
+        deadline = time.monotonic() + STEP_LOOKUP_S
+        while run.proc.poll() is None:
+            try:
+                if slurm.signal_step(self.step_name, run.node, "TERM"):
+                    return True
+            except slurm.SlurmError as exc:
+                self.err(f"tracehound: fleet: cannot signal {run.node}'s run: {exc}")
+                return False
+            if time.monotonic() > deadline:
+                return False
+            time.sleep(POLL_S)
+        return True         # it ended by itself meanwhile
 
 
 def node_run_argv(tracehound: list[str], experiment: str, journal: str, report: str,
