@@ -161,15 +161,23 @@ def test_kubernetes_gets_one_pinned_privileged_job_per_node():
     (["--job", "4", "--partition", "p"], "--job takes the job's own nodes"),
     (["--count", "1", "--abort-when", "up == 0"], "--abort-when needs --prometheus"),
     (["--count", "1", "--max-share", "0"], "--max-share is a percentage"),
-    (["--nodes", "a", "--kubernetes"], "--kubernetes writes manifests only"),
+    (["--nodes", "a", "--kubernetes", "--slurm"], "--slurm or --kubernetes, not both"),
 ])
 def test_fleet_usage_errors_launch_nothing(extra, why, capsys, tmp_path):
     exp = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "fleet",
                        "job-proc-stop.yaml")
-    code = cli.main(["chaos", "run", exp, *(["--slurm"] if "--kubernetes" not in extra else []),
+    code = cli.main(["chaos", "run", exp, *(["--slurm"] if "--slurm" not in extra else []),
                      "--journal", str(tmp_path / "j"), *extra])
     assert code == 2 and why in capsys.readouterr().err
     assert not (tmp_path / "j").exists()
+
+
+def test_kubernetes_without_kubectl_applies_nothing_and_says_so(capsys, monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    exp = os.path.join(os.path.dirname(__file__), "..", "..", "examples", "fleet",
+                       "job-proc-stop.yaml")
+    assert cli.main(["chaos", "run", exp, "--kubernetes", "--yes", "--nodes", "a"]) == 1
+    assert "kubectl not found: --dry-run prints the Jobs" in capsys.readouterr().err
 
 
 def test_kubernetes_dry_run_prints_the_jobs(capsys):

@@ -3,7 +3,8 @@
 `tracehound chaos run EXPERIMENT --kubernetes --nodes a,b --dry-run` writes
 a ConfigMap holding the experiment and one Job per node (pinned to it by
 node affinity, privileged, host PID and network, the node's /sys/fs/cgroup
-and journal directory mounted) to stdout, for `kubectl apply -f -`. No API
+and journal directory mounted) to stdout; without --dry-run they go to
+`kubectl apply -f -`. No API
 server runs where tracehound is tested, so these manifests are checked for
 their structure only, never applied: treat them as a starting point.
 """
@@ -73,7 +74,10 @@ def manifests(experiment_text: str, experiment_name: str, nodes: list[str], imag
     return docs
 
 
-def cmd_dry_run(args, exp, experiment: str, out, err) -> int:
+def cmd_run(args, experiment: str, dry: bool, out, err) -> int:
+    """A dry run prints the manifests; otherwise they go to `kubectl apply`."""
+    import shutil
+    import subprocess
     from ..journal import new_run_id
     if args.nodes is None:
         err("tracehound: chaos run: --kubernetes needs --nodes (the node names to pin a Job "
@@ -88,7 +92,18 @@ def cmd_dry_run(args, exp, experiment: str, out, err) -> int:
     except (OSError, ValueError) as exc:
         err(f"tracehound: chaos run: {exc}")
         return 1
-    out("# tracehound chaos: one Job per node; untested (no Kubernetes API server where "
-        "tracehound is tested). Apply with: kubectl apply -f -")
-    out(yaml.safe_dump_all(docs, sort_keys=False).rstrip())
-    return 0
+    body = yaml.safe_dump_all(docs, sort_keys=False).rstrip()
+    if dry:
+        out("# tracehound chaos: one Job per node; untested (no Kubernetes API server where "
+            "tracehound is tested). Apply with: kubectl apply -f -")
+        out(body)
+        return 0
+    kubectl = shutil.which("kubectl")
+    if kubectl is None:
+        err("tracehound: chaos run: kubectl not found: --dry-run prints the Jobs to apply "
+            "yourself; nothing was applied")
+        return 1
+    done = subprocess.run([kubectl, "apply", "-f", "-"], input=body + "\n", text=True,
+                          capture_output=True, timeout=120)
+    (out if done.returncode == 0 else err)((done.stdout + done.stderr).strip())
+    return 0 if done.returncode == 0 else 1
