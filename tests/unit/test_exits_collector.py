@@ -7,7 +7,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tracehound.attribution.owners import Owners
 from tracehound.attribution.resolver import WorkloadResolver
-from tracehound.collectors.exits import ExitsCollector
+from tracehound.collectors.exits import MAX_PENDING, ExitsCollector
 from tracehound.config import AgentConfig
 from tracehound.probes import exits as e
 from tracehound.subsystems.base import Context
@@ -171,14 +171,52 @@ class Recorder:
         self.calls.append(("forget", sorted(ids)))
 
 
-def test_removed_cgroups_are_exported_once_more_then_retired_after_the_detector_saw_them():
+KILLED_IN_C = ("tracehound_process_exits_total",
+               (("cgroup", "/job/c"), ("reason", "signal"), ("signal", "KILL")))
+
+
+def test_a_removed_cgroups_exits_are_served_to_every_scraper_for_a_while_then_retired():
+    """Two scrapers (a Prometheus pair, or Prometheus and `health`) both see
+    a finished job's last exits; after retire_after_s they go, once the
+    detector has seen them."""
+    calls, now = [], [1000.0]
+    probe = FakeProbe()
+    probe.retire = lambda ids: calls.append(("retire", sorted(ids)))
+    collector = ExitsCollector(probe, make_owners(gone={44}), Recorder(calls),
+                               retire_after_s=120, clock=lambda: now[0])
+    for t in (1000.0, 1000.5, 1060.0, 1119.9):      # the first scrapes after the removal
+        now[0] = t
+        assert scrape(collector)[KILLED_IN_C] == 1
+    assert calls == []
+    now[0] = 1120.0
+    assert scrape(collector)[KILLED_IN_C] == 1       # exported a last time, then retired
+    assert calls == [("observe", [42, 43, 44]), ("retire", [44]), ("forget", [44])]
+
+
+def test_a_burst_of_removed_cgroups_is_retired_at_once():
     calls = []
     probe = FakeProbe()
     probe.retire = lambda ids: calls.append(("retire", sorted(ids)))
-    m = scrape(ExitsCollector(probe, make_owners(gone={44}), Recorder(calls)))
-    assert m[("tracehound_process_exits_total",
-              (("cgroup", "/job/c"), ("reason", "signal"), ("signal", "KILL")))] == 1
-    assert calls == [("observe", [42, 43, 44]), ("retire", [44]), ("forget", [44])]
+    burst = e.read_snapshot(maps())
+    gone = set(range(10_000, 10_000 + MAX_PENDING + 1))
+    for cgid in gone:
+        burst.counts[e.ExitKey(cgid, "clean", 0, False)] = 1
+    probe.snapshot = lambda: burst
+    scrape(ExitsCollector(probe, make_owners(gone=gone), retire_after_s=120))
+    assert calls == [("retire", sorted(gone))]
+
+
+def test_a_half_full_table_retires_removed_cgroups_at_once():
+    calls = []
+    probe = FakeProbe()
+    probe.retire = lambda ids: calls.append(("retire", sorted(ids)))
+    full = e.read_snapshot(maps())
+    for i in range(e.COUNTS_ENTRIES // 2):
+        full.counts[e.ExitKey(10_000 + i, "clean", 0, False)] = 1
+    probe.snapshot = lambda: full
+    collector = ExitsCollector(probe, make_owners(gone={44}), retire_after_s=120)
+    scrape(collector)
+    assert ("retire", [44]) in calls
 
 
 def test_nothing_is_retired_while_every_cgroup_lives():

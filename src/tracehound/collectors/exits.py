@@ -12,21 +12,46 @@ from prometheus_client.core import CounterMetricFamily
 
 from ..attribution.owners import Owners
 from ..attribution.workload import WORKLOAD_LABELS
-from ..probes.exits import HEALTH, ExitsSnapshot, signal_name
+from ..probes.exits import COUNTS_ENTRIES, HEALTH, ExitsSnapshot, signal_name
+
+# how long a removed cgroup's exit counters are still exported: two scrapes
+# at a 60 s interval, so both members of a Prometheus pair, and any other
+# reader of /metrics, see a finished job's last exits
+RETIRE_AFTER_S = 120.0
+# more removed cgroups than this waiting (a burst of short jobs), or a half
+# full kernel table, and they all go at once: memory stays bounded
+MAX_PENDING = 256
 
 
 class ExitsCollector:
-    """prometheus_client collector over a started ExitsProbe. `detector`
-    (optional) is shown each snapshot before counters of removed cgroups are
-    retired, so an exit just before a cgroup's removal still makes its event
-    even when a scrape comes before the detector's next look."""
+    """prometheus_client collector over a started ExitsProbe. Counters of a
+    removed cgroup are exported for `retire_after_s` more, then retired.
+    `detector` (optional) is shown each snapshot before they are retired, so
+    an exit just before a cgroup's removal still makes its event even when a
+    scrape comes before the detector's next look."""
 
     name = "exits"
 
-    def __init__(self, probe, owners: Owners, detector=None):
+    def __init__(self, probe, owners: Owners, detector=None,
+                 retire_after_s: float = RETIRE_AFTER_S, clock=time.monotonic):
         self.probe = probe
         self.owners = owners
         self.detector = detector
+        self.retire_after_s = retire_after_s
+        self.clock = clock
+        self._dead_since: dict[int, float] = {}     # removed cgroup id -> first seen removed
+
+    def _expired(self, snap: ExitsSnapshot, gone: set[int]) -> set[int]:
+        """Removed cgroups whose counters have been exported for
+        retire_after_s: every scraper (a Prometheus pair, `health`, a chaos
+        probe) sees a finished job's last exits, not only the first to ask.
+        Past MAX_PENDING of them, or with the kernel's table half full, all
+        of them go now."""
+        now = self.clock()
+        self._dead_since = {c: self._dead_since.get(c, now) for c in gone}
+        if len(gone) > MAX_PENDING or len(snap.counts) > COUNTS_ENTRIES // 2:
+            return set(gone)
+        return {c for c, t in self._dead_since.items() if now - t >= self.retire_after_s}
 
     def collect(self):
         snap: ExitsSnapshot = self.probe.snapshot()
@@ -62,17 +87,16 @@ class ExitsCollector:
         for name in HEALTH:
             drops.add_metric([name], snap.health.get(name, 0))
 
-        # counters of removed cgroups were labelled above for the last time
         counted = snap.cgroup_ids()
-        gone = {cgid for cgid in counted if not self.owners.alive(cgid)}
-        if gone:
-            now = time.monotonic()
+        expired = self._expired(snap, {c for c in counted if not self.owners.alive(c)})
+        if expired:
+            now = self.clock()
             if self.detector is not None:
                 self.detector.observe(snap, now)
-            self.probe.retire(gone)
+            self.probe.retire(expired)
             if self.detector is not None:
-                self.detector.forget(gone, now)
-        self.owners.retain(self.name, counted - gone, gone)
+                self.detector.forget(expired, now)
+        self.owners.retain(self.name, counted - expired, expired)
         yield exits
         yield cores
         yield drops

@@ -79,6 +79,10 @@ class LastExit:
         return wall - max(0, mono - self.ktime_ns) / 1e9
 
 
+# exit_counts' max_entries in exits.bpf.c
+COUNTS_ENTRIES = 8192
+
+
 @dataclass
 class ExitsSnapshot:
     counts: dict[ExitKey, int] = field(default_factory=dict)
