@@ -85,7 +85,9 @@ def start_agent(hook_mode: str, *extra: str, wrapper: tuple[str, ...] = ()) -> A
                              "--hook-mode", hook_mode, *own, *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
-    deadline = time.monotonic() + 60
+    # a second or two here; in the VM tier's guest (emulated CPU, Python over
+    # 9p) 25 to 70 s, the upper end while the host tiers share its CPUs
+    deadline = time.monotonic() + 240
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
         if not line:
