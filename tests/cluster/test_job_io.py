@@ -166,11 +166,14 @@ def test_every_nodes_agent_counts_each_jobs_bytes_on_it_exactly(cluster, tmp_pat
                  lambda: f"want {want[node]}, got {job_bytes(scraped[node])}")
         for node in cluster.nodes:
             samples = scraped[node]
-            # every job id on this node's agent is a job of this node, in
-            # its slurmd's tree; every counted cgroup is in that tree
+            # no job that ran only on other nodes shows on this node's agent;
+            # every job-labelled series (earlier tiers' jobs on this node
+            # included) and every counted cgroup is in this node's slurmd tree
             theirs = {job for job, _ in want[node]}
+            elsewhere = {job for other in cluster.nodes if other != node
+                         for job, _ in want[other]} - theirs
             labelled = [(n, ls) for n, ls, _ in samples if ls.get("job_id")]
-            assert labelled and all(ls["job_id"] in theirs for _, ls in labelled), labelled
+            assert labelled and not any(ls["job_id"] in elsewhere for _, ls in labelled), labelled
             assert all(f"{ls['cgroup']}/".startswith(f"/slurm_{node}/uid_0/job_{ls['job_id']}/")
                        for _, ls in labelled), labelled
             io_cgroups = {ls["cgroup"] for n, ls, _ in samples if n in (WRITES, READS)}
