@@ -44,8 +44,10 @@ SUITES = {
     "tracepoint": ("tests/kernel/test_io_accuracy.py::test_python_worker_bytes_exact",
                    "tests/kernel/test_io_accuracy.py::test_probe_modes_reported"),
 }
-# the guest's own pytest, one report per mode
-_PYTEST = "{python} -m pytest -p no:cacheprovider -q"
+# the guest's own pytest, one report per mode. Without hypothesis's plugin:
+# its end-of-session summary imports hypothesis whole, close to a minute under
+# the guest's emulation, and nothing run in the guest uses hypothesis.
+_PYTEST = "{python} -m pytest -p no:cacheprovider -p no:hypothesispytest -q"
 _MODE_RUN = (_PYTEST + " {suite} --hook-mode {mode} "
              "--junitxml={{results}}/{mode}.xml >{{results}}/{mode}.log 2>&1; echo \"MODE {mode} rc=$?\"")
 GUEST = harness.Scenario("io", "\n".join(
