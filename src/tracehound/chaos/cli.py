@@ -6,8 +6,8 @@ import sys
 
 from .journal import DEFAULT_DIR
 
-EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_ROLLBACK, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
-EXIT_QUARANTINED = 4      # recover: every good journal done, a bad one moved aside
+from .exit_codes import (EXIT_FAILED, EXIT_INTERRUPTED, EXIT_INVALID, EXIT_OK,  # noqa: F401
+                         EXIT_QUARANTINED, EXIT_ROLLBACK)
 ALLOW_CODE_HELP = ("consent to the experiment's python and process providers (and "
                    "gpu.nccl's job): they run any code, as root under sudo")
 

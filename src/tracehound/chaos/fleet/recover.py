@@ -32,15 +32,16 @@ def _running(job_id: str) -> bool:
 
 
 def recover_fleet(base: str, node_command: list[str], out, err) -> int:
+    from ..exit_codes import EXIT_FAILED, EXIT_OK, EXIT_ROLLBACK
     from ..trust import UntrustedFile
     try:
         runs = fleet_journal.dead_runs(base, err)
     except UntrustedFile as exc:
         err(f"tracehound: error: cannot recover: refusing the journal: {exc}")
-        return 1
+        return EXIT_FAILED
     if not runs:
         out("tracehound: nothing to recover: no dead fleet run left a node unrecovered")
-        return 0
+        return EXIT_OK
     failed = 0
     for run in runs:
         journal = fleet_journal.FleetJournal.adopt(
@@ -65,4 +66,4 @@ def recover_fleet(base: str, node_command: list[str], out, err) -> int:
             left += not ok
         failed += left
         journal.close(None if left else "recovered")
-    return 3 if failed else 0
+    return EXIT_ROLLBACK if failed else EXIT_OK

@@ -1,0 +1,3 @@
+"""Exit codes of the chaos commands, local and fleet alike."""
+EXIT_OK, EXIT_FAILED, EXIT_INVALID, EXIT_ROLLBACK, EXIT_INTERRUPTED = 0, 1, 2, 3, 130
+EXIT_QUARANTINED = 4      # recover: every good journal done, a bad one moved aside
