@@ -12,16 +12,15 @@ from .errors import TracehoundError
 from .logsink import log_to_stderr
 from .signals import HeldSignals
 
-# In the order `tracehound --help` lists them.
-COMMAND_MODULES: list[str] = ["tracehound.commands.run", "tracehound.commands.rdma_show",
-                              "tracehound.top.cli", "tracehound.chaos.cli",
-                              "tracehound.commands.doctor", "tracehound.commands.health"]
-
-
-# Commands that run often and must start fast (slurmd runs `health` on every
-# node every HealthCheckInterval): given first, only their module is imported,
-# not the agent's subsystems that the other commands' modules pull in.
-LIGHT_COMMANDS: dict[str, str] = {"health": "tracehound.commands.health"}
+# Each command and the module that defines it, in the order `tracehound
+# --help` lists them.
+COMMANDS: dict[str, str] = {"run": "tracehound.commands.run",
+                            "rdma": "tracehound.commands.rdma_show",
+                            "top": "tracehound.top.cli",
+                            "chaos": "tracehound.chaos.cli",
+                            "doctor": "tracehound.commands.doctor",
+                            "health": "tracehound.commands.health"}
+COMMAND_MODULES: list[str] = list(COMMANDS.values())
 
 
 def build_parser(modules: list[str] | None = None) -> argparse.ArgumentParser:
@@ -45,8 +44,12 @@ def build_parser(modules: list[str] | None = None) -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     held = HeldSignals()
     words = sys.argv[1:] if argv is None else argv
-    light = LIGHT_COMMANDS.get(words[0]) if words else None
-    parser = build_parser([light]) if light else build_parser()
+    # A command named first imports its own module only, not every other
+    # command's subsystems: slurmd runs `health` on every node each
+    # HealthCheckInterval, and the agent's and an experiment's start pay for
+    # each import on a busy node (or under emulation: half a minute).
+    own = COMMANDS.get(words[0]) if words else None
+    parser = build_parser([own]) if own else build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit:

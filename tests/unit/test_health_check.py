@@ -200,6 +200,15 @@ def test_health_starts_without_the_agents_subsystems(tmp_path):
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert out.stdout.splitlines()[-1] == "1 False False", out.stdout + out.stderr
     assert "agent not answering at http://127.0.0.1:1" in out.stdout
+    # every command imports its own module only: an agent's or an
+    # experiment's start does not pay for the others'
+    code = ("import sys; from tracehound.cli import main\n"
+            "try: main(['run', '--help'])\n"
+            "except SystemExit: pass\n"
+            "print(sorted(m for m in ('tracehound.chaos', 'tracehound.top', 'tracehound.commands.doctor')"
+            " if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert out.stdout.splitlines()[-1] == "[]", out.stdout + out.stderr
     # every command is still listed where no command is given
     from tracehound.cli import build_parser
     assert "health" in build_parser().format_help() and "run" in build_parser().format_help()

@@ -36,9 +36,9 @@ def test_release_restores_the_handlers_and_delivers_the_held_signal():
 def test_ctrl_c_while_the_parser_is_built_is_exit_130_for_other_commands(monkeypatch, capsys):
     real = cli.build_parser
 
-    def interrupted_build():
+    def interrupted_build(modules=None):
         os.kill(os.getpid(), signal.SIGINT)        # held: no KeyboardInterrupt here
-        return real()
+        return real(modules)
     monkeypatch.setattr(cli, "build_parser", interrupted_build)
     ran = []
     monkeypatch.setattr("tracehound.chaos.cli.cmd_list", lambda args: ran.append(args) or 0)

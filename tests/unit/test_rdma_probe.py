@@ -123,13 +123,18 @@ def test_plan_reports_forced_mode_a_group_lacks():
 def test_kernel_functions_reads_kallsyms(tmp_path, monkeypatch):
     fake = tmp_path / "kallsyms"
     fake.write_text("ffffffffc0000000 T rdma_restrack_commit_del\t[ib_core]\n"
-                    "ffffffffc0000010 r __ksymtab_rdma_restrack_add\t[ib_core]\n")
+                    "ffffffffc0000010 r __ksymtab_rdma_restrack_add\t[ib_core]\n"
+                    "ffffffff81000000 t rdma_restrack_parent_name\n")
     real_open = open
     monkeypatch.setattr("builtins.open",
                         lambda p, *a, **k: real_open(fake if p == "/proc/kallsyms" else p, *a, **k))
-    features.kernel_symbols.cache_clear()   # read the fake, and leave no fake behind
+    features.kallsyms_table.cache_clear()   # read the fake, and leave no fake behind
     try:
-        assert probe_mod.kernel_functions(["rdma_restrack_commit_del", "rdma_restrack_add"]) == \
-            {"rdma_restrack_commit_del"}
+        # a module's and the kernel's own; a name only some other symbol's
+        # part of, or not text, is not a function
+        assert probe_mod.kernel_functions(["rdma_restrack_commit_del", "rdma_restrack_add",
+                                           "rdma_restrack_parent_name", "restrack_commit_del",
+                                           "rdma_restrack_parent"]) == \
+            {"rdma_restrack_commit_del", "rdma_restrack_parent_name"}
     finally:
-        features.kernel_symbols.cache_clear()
+        features.kallsyms_table.cache_clear()

@@ -214,7 +214,7 @@ def uring_clock() -> tuple[str, ...]:
 
 
 def object_name() -> str:
-    return "io" if DIRECT_READS_KFUNC in features.kernel_symbols() else COMPAT_OBJECT
+    return "io" if features.kernel_has_function(DIRECT_READS_KFUNC) else COMPAT_OBJECT
 
 
 @dataclass

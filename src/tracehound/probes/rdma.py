@@ -98,7 +98,7 @@ def rdma_groups(present=None) -> tuple[features.HookGroup, ...]:
 
 def kernel_functions(names) -> set[str]:
     """Which of these functions the running kernel (modules included) has."""
-    return set(names) & features.kernel_symbols()
+    return {name for name in names if features.kernel_has_function(name)}
 
 
 def subsystem_absent() -> str | None:
