@@ -75,10 +75,12 @@ class GuestBoot:
         whole = next((r for r in self.results.values() if isinstance(r, harness.VmResult)), None)
         parts = [f"VM, one boot: {whole.total_seconds:.0f} s in all, "
                  f"{whole.boot_seconds:.0f} s to boot" if whole else "VM: no scenario ran"]
+        lanes: dict[str, list[str]] = {}
         for sc in booted:
             seconds = (self.base / sc.name / "seconds")
             took = seconds.read_text().strip() if seconds.exists() else "?"
-            parts.append(f"{sc.name} {took} s")
+            lanes.setdefault(sc.lane, []).append(f"{sc.name} {took} s")
+        parts += [f"lane {lane}: {', '.join(runs)}" for lane, runs in lanes.items()]
         return ["; ".join(parts)]
 
     def get(self, scenario):

@@ -307,16 +307,23 @@ def _kill(proc: subprocess.Popen) -> None:
 @dataclass(frozen=True)
 class Scenario:
     """One guest program of the VM tier. Every scenario the selected tests need
-    runs in a single boot, one after another (a boot under TCG costs ~30 s
-    before the first Python import): ``command`` is a bash command run from
-    the repository root, with ``{results}`` standing for the scenario's own
-    writable results directory; ``timeout`` bounds it alone."""
+    runs in a single boot (a boot under TCG costs ~30 s before the first
+    Python import): ``command`` is a bash command run from the repository
+    root, with ``{results}`` standing for the scenario's own writable results
+    directory; ``timeout`` bounds it alone.
+
+    The scenarios of one ``lane`` run one after another; the lanes run side
+    by side, each on its own of the guest's two CPUs (QEMU emulates each
+    vCPU on a host thread of its own). Scenarios that share a device or
+    state of the guest's (the soft-RoCE device, the RDMA pin root's default
+    instance) share a lane."""
     name: str
     command: str
     timeout: float
     # run on the host before the boot, with the results directory (e.g. to
     # build a program the guest runs); raising keeps the scenario out of it
     prepare: Optional[Callable[[Path], None]] = None
+    lane: str = "rdma"
 
 
 # what a boot costs before the first scenario starts, and after the last ends
@@ -332,21 +339,25 @@ echo "=== scenario {name}: exit $(cat {results}/rc), $(cat {results}/seconds) s"
 
 
 def run_scenarios(scenarios: Iterable[Scenario], base: Path) -> dict[str, VmResult | VmBootError]:
-    """Boot once and run every scenario in turn, each in base/NAME. Returns,
-    per scenario, its own result (exit status and output) or, for one the
-    boot never finished (crash, overall timeout), the boot's error."""
+    """Boot once and run every scenario, each in base/NAME: one after another
+    within a lane, the lanes side by side. Returns, per scenario,
+    its own result (exit status and output) or, for one the boot never
+    finished (crash, overall timeout), the boot's error."""
     repo = Path(__file__).resolve().parents[2]
     scenarios = list(scenarios)
-    steps = []
+    lanes: dict[str, list[str]] = {}
+    budgets: dict[str, float] = {}
     for sc in scenarios:
         results = base / sc.name
-        steps.append(_SCENARIO_STEP.format(
+        lanes.setdefault(sc.lane, []).append(_SCENARIO_STEP.format(
             results=shlex.quote(str(results)), name=sc.name, repo=shlex.quote(str(repo)),
             timeout=sc.timeout, command=shlex.quote(sc.command.format(results=shlex.quote(str(results))))))
-    budget = sum(sc.timeout + 15 for sc in scenarios) + BOOT_ALLOWANCE_S
+        budgets[sc.lane] = budgets.get(sc.lane, 0) + sc.timeout + 15
+    script = "".join(f"(\n{''.join(steps)}) &\n" for steps in lanes.values()) + "wait\n"
+    budget = max(budgets.values(), default=0) + BOOT_ALLOWANCE_S
     boot_error = None
     try:
-        whole = run_in_vm("\n".join(steps), timeout=budget, cwd=repo, writable=[base])
+        whole = run_in_vm(script, timeout=budget, cwd=repo, writable=[base], memory="3G")
     except VmBootError as exc:
         whole, boot_error = None, exc
     # what the boot says of all of them (after a crash: its console, no timings)
@@ -363,13 +374,13 @@ def run_scenarios(scenarios: Iterable[Scenario], base: Path) -> dict[str, VmResu
 
 
 def guest_script(script: str, *args: str, timeout: float, name: str = "",
-                 prepare: Optional[Callable[[Path], None]] = None) -> Scenario:
+                 prepare: Optional[Callable[[Path], None]] = None, lane: str = "rdma") -> Scenario:
     """A tests/vm/SCRIPT that writes checks.json into its results directory;
     ARGS may name ``{results}`` too."""
     extra = "".join(f" {a}" for a in args)
     return Scenario(name or script.removesuffix(".py"),
                     f"{shlex.quote(sys.executable)} tests/vm/{script} {{results}}{extra}", timeout,
-                    prepare)
+                    prepare, lane)
 
 
 def checks_of(result: VmResult, results: Path) -> tuple[VmResult, dict]:

@@ -60,7 +60,7 @@ GUEST = harness.Scenario("io", "\n".join(
        "exit 0"]),
     # the I/O suite in two modes and a subset in the third, under TCG: it
     # has run past 20 min on a 2-CPU host with other work running
-    2400)
+    2400, lane="files")
 
 
 @pytest.fixture(scope="session")
