@@ -8,6 +8,16 @@ from tracehound import cli
 from tracehound.signals import HeldSignals
 
 
+@pytest.fixture(autouse=True)
+def python_sigint():
+    """SIGINT with Python's own handler, as an interactive run has it: a test
+    run started in the background by a non-interactive shell inherits it
+    ignored, and an ignored signal is (rightly) never delivered."""
+    before = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, before)
+
+
 def test_a_signal_before_hand_over_reaches_the_handler_at_once():
     before = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     held = HeldSignals()
