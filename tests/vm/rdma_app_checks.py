@@ -91,6 +91,12 @@ def clean_runs(c: Checks, agent: Agent) -> None:
             ("perftest_no_view_anomaly", ["ib_write_bw", "-d", DEVICE, "-x", "0", "-n", "500",
                                           "-s", "65536"], "18516")):
         ok, out = client_server(argv, port)
+        if not ok and "Correlation coefficient" in out:
+            # perftest fits its cycle counter to the clock before its report,
+            # after the traffic: under emulation on a busy host the fit can
+            # miss (r^2 < 0.9) and the run fails with no verb at fault. Once
+            # more, on another port (the first may linger in TIME_WAIT)
+            ok, out = client_server(argv, str(int(port) + 10))
         looked = agent.detector_turns(GRACE_S + 1.5)
         bad = view_anomalies(agent, comm=argv[0][:15])
         c.record(check, ok and looked and not bad,
