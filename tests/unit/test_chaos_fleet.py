@@ -61,6 +61,11 @@ def test_a_job_plan_takes_the_jobs_nodes_and_its_partition():
                            {"42": Job("42", "RUNNING", "batch", ["n2", "n3"])})
     p = plan.choose(job_id="42", cluster=cluster)
     assert (p.how, p.nodes, p.job_id, p.share) == ("job", ["n2", "n3"], "42", 0.5)
+    # --nodes narrows it to some of the job's nodes, and only to those
+    p = plan.choose(job_id="42", nodes="n3", cluster=cluster)
+    assert (p.nodes, p.skipped, p.share) == (["n3"], {"n2": "not named by --nodes"}, 0.25)
+    with pytest.raises(plan.PlanError, match=r"job 42 does not run on n1 \(its nodes: n2, n3\)"):
+        plan.choose(job_id="42", nodes="n3,n1", cluster=cluster)
 
 
 def test_the_blast_radius_refuses_above_the_share_unless_allowed():
@@ -159,6 +164,7 @@ def test_kubernetes_gets_one_pinned_privileged_job_per_node():
     ([], "give exactly one of --nodes, --count, --percent, --job"),
     (["--count", "2", "--percent", "50"], "(got --count, --percent)"),
     (["--job", "4", "--partition", "p"], "--job takes the job's own nodes"),
+    (["--job", "4", "--nodes", "a", "--count", "1"], "(got --count, --job)"),
     (["--count", "1", "--abort-when", "up == 0"], "--abort-when needs --prometheus"),
     (["--count", "1", "--max-share", "0"], "--max-share is a percentage"),
     (["--nodes", "a", "--kubernetes", "--slurm"], "--slurm or --kubernetes, not both"),

@@ -28,8 +28,9 @@ def add_run_arguments(r) -> None:
                    help="X%% of the idle nodes, rounded down, at least 1, drawn at random")
     g.add_argument("--seed", type=int, help="the draw's seed (printed; the same seed and "
                                             "idle nodes draw the same nodes)")
-    g.add_argument("--job", metavar="ID", help="the nodes of this running job, reached "
-                   "inside its allocation (srun --jobid ID --overlap)")
+    g.add_argument("--job", metavar="ID", help="the nodes of this running job (or those of "
+                   "them --nodes names), reached inside its allocation (srun --jobid ID "
+                   "--overlap)")
     g.add_argument("--max-parallel", type=int, default=1, metavar="N",
                    help="nodes per wave (default 1)")
     g.add_argument("--wave-pause", type=float, default=0.0, metavar="S",
@@ -89,7 +90,9 @@ def node_command(text: str | None) -> list[str]:
 
 
 def _usage(args) -> str | None:
-    picks = [f for f, v in (("--nodes", args.nodes), ("--count", args.count),
+    # --nodes with --job narrows the job's nodes
+    nodes = args.nodes if args.job is None else None
+    picks = [f for f, v in (("--nodes", nodes), ("--count", args.count),
                             ("--percent", args.percent), ("--job", args.job)) if v is not None]
     if len(picks) != 1:
         return ("give exactly one of --nodes, --count, --percent, --job"

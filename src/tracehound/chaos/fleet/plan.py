@@ -66,7 +66,16 @@ def choose(partition: str | None = None, nodes: str | None = None, count: int | 
     if job_id is not None:
         job = cluster.job(job_id)
         size = len(cluster.partition_nodes(job.partition))
-        return Plan("job", job.partition, job.nodes, size, job_id=job.id)
+        if nodes is None:
+            return Plan("job", job.partition, job.nodes, size, job_id=job.id)
+        # some of the job's nodes only (one rank's node, say)
+        wanted = list(dict.fromkeys(cluster.hostnames(nodes)))
+        outside = [n for n in wanted if n not in job.nodes]
+        if outside:
+            raise PlanError(f"job {job.id} does not run on {', '.join(outside)} "
+                            f"(its nodes: {', '.join(job.nodes)})")
+        return Plan("job", job.partition, wanted, size, job_id=job.id,
+                    skipped={n: "not named by --nodes" for n in job.nodes if n not in wanted})
     partition = partition or cluster.default_partition()
     members = cluster.partition_nodes(partition)
     by_name = {n.name: n for n in members}
