@@ -18,6 +18,7 @@ COMMANDS: dict[str, str] = {"run": "tracehound.commands.run",
                             "rdma": "tracehound.commands.rdma_show",
                             "top": "tracehound.top.cli",
                             "chaos": "tracehound.chaos.cli",
+                            "explain": "tracehound.commands.explain",
                             "doctor": "tracehound.commands.doctor",
                             "health": "tracehound.commands.health"}
 COMMAND_MODULES: list[str] = list(COMMANDS.values())

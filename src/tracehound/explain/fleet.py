@@ -1,0 +1,199 @@
+"""Fleet mode: every rule asked of the fleet's Prometheus for one job.
+
+One query finds the job's nodes (any tracehound series labelled with the
+job over the window), one per rule answers for all of them at once, and one
+range query per rule that holds says since when. A job on 3 nodes costs
+about a dozen queries, whatever its number of cgroups.
+"""
+from __future__ import annotations
+
+import re
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+
+from ..fleet import prometheus
+from ..gpu.xid_catalog import FATAL, lookup
+from .rules import RULES, Rule, fill
+from .rules import grew as grow
+
+# series that name a job on the node that runs it; a job shows in at least one
+PRESENCE = ("tracehound_io_read_bytes_total", "tracehound_io_write_bytes_total",
+            "tracehound_process_exits_total", "tracehound_cgroup_cpu_seconds_total",
+            "tracehound_net_tcp_retransmits_total", "tracehound_rdma_verb_calls_total")
+# what the job did on each node over the window. CPU is the job's own cgroup
+# only (step=""): it is exported at job, step and task level as well, and a
+# sum over them would count each CPU second up to three times
+ACTIVITY = {
+    "read_bytes": "sum by ({by}) (" + grow("tracehound_io_read_bytes_total", "{job}") + ")",
+    "write_bytes": "sum by ({by}) (" + grow("tracehound_io_write_bytes_total", "{job}") + ")",
+    "cpu_seconds": "sum by ({by}) (" + grow("tracehound_cgroup_cpu_seconds_total",
+                                             '{job},step=""') + ")",
+}
+_DURATION = re.compile(r"^[0-9]+[smhd]$")
+_JOB = re.compile(r"^[0-9]{1,12}$")
+
+
+class ExplainError(Exception):
+    """The question cannot be asked (bad job id, window, or Prometheus)."""
+
+
+@dataclass
+class Finding:
+    rule: str
+    severity: int
+    node: str
+    labels: dict
+    value: float
+    says: str
+    action: str
+    since: float | None = None
+    outlier: bool = False
+
+
+@dataclass
+class Answer:
+    job: str
+    window: str
+    nodes: list[str]
+    findings: list[Finding] = field(default_factory=list)
+    # node -> what the job did there over the window (ACTIVITY's names)
+    activity: dict[str, dict[str, float]] = field(default_factory=dict)
+    queries: int = 0
+    seconds: float = 0.0
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "findings": [asdict(f) for f in self.findings]}
+
+
+class Asker:
+    """The Prometheus client, counting its questions."""
+
+    def __init__(self, url: str, timeout: float = 10.0):
+        self.url, self.timeout, self.count = url, timeout, 0
+
+    def now(self, promql: str) -> list:
+        self.count += 1
+        return prometheus.query(self.url, promql, timeout=self.timeout)
+
+    def over(self, promql: str, start: float, end: float, step: float) -> list:
+        self.count += 1
+        return prometheus.query_range(self.url, promql, start, end, step, timeout=self.timeout)
+
+
+def seconds(window: str) -> float:
+    return float(window[:-1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[window[-1]]
+
+
+def explain(url: str, job: str, window: str = "15m", node_label: str = "instance") -> Answer:
+    if not _JOB.match(job):
+        raise ExplainError(f"{job!r} is not a Slurm job id (digits)")
+    if not _DURATION.match(window):
+        raise ExplainError(f"--window {window!r}: a duration such as 90s, 15m or 2h")
+    if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", node_label):
+        raise ExplainError(f"--node-label {node_label!r} is not a label name")
+    started = time.monotonic()
+    ask = Asker(url)
+    job_sel = f'job_id="{job}"'
+    try:
+        nodes = _nodes(ask, job_sel, window, node_label)
+        answer = Answer(job, window, nodes)
+        if nodes:
+            node_sel = f'{node_label}=~"{"|".join(re.escape(n) for n in nodes)}"'.replace(
+                "\\", "\\\\")
+            answer.activity = _activity(ask, job_sel, window, node_label)
+            for rule in RULES:
+                answer.findings += _judge(ask, rule, job_sel, node_sel, window, node_label)
+    except prometheus.PrometheusError as exc:
+        raise ExplainError(str(exc)) from None
+    answer.findings.sort(key=rank)
+    answer.queries, answer.seconds = ask.count, round(time.monotonic() - started, 3)
+    return answer
+
+
+def rank(f: Finding) -> tuple:
+    """The worst first; among equals the earliest (what came first is the
+    likelier cause of what followed), then the largest."""
+    return (-f.severity, f.since if f.since is not None else float("inf"), not f.outlier,
+            -f.value, f.node)
+
+
+def _nodes(ask: Asker, job_sel: str, window: str, label: str) -> list[str]:
+    parts = [f"group by ({label}) (last_over_time({m}{{{job_sel}}}[{window}]))"
+             for m in PRESENCE]
+    return sorted({s.labels.get(label, "") for s in ask.now(" or ".join(parts))} - {""})
+
+
+def _activity(ask: Asker, job_sel: str, window: str, label: str) -> dict:
+    out: dict[str, dict[str, float]] = {}
+    for name, expr in ACTIVITY.items():
+        for s in ask.now(fill(expr, job=job_sel, by=label, window=window)):
+            out.setdefault(s.labels.get(label, "?"), {})[name] = round(s.value, 3)
+    return out
+
+
+def _judge(ask: Asker, rule: Rule, job_sel: str, node_sel: str, window: str,
+           label: str) -> list[Finding]:
+    by = ", ".join((label, *rule.by))
+    promql = fill(rule.expr, job=job_sel if rule.job_labelled else node_sel,
+                  node=node_sel, window=window, by=by)
+    rows = [(s.labels, s.value) for s in ask.now(promql) if s.value == s.value]   # not NaN
+    if rule.kind == "grew":
+        held = [(labels, value, None) for labels, value in rows if value > 0]
+    else:
+        held = outliers(rule, rows, label)
+    if not held:
+        return []
+    since = _since(ask, promql, window, label, rule)
+    out = []
+    for labels, value, ratio in held:
+        node = labels.get(label, "?")
+        key = (node, *(labels.get(k, "") for k in rule.by))
+        words = {k: labels.get(k, "") for k in rule.by}
+        severity, action = rule.severity, rule.action
+        if rule.name == "gpu_xid":
+            info = lookup(int(words["xid"]) if words["xid"].isdigit() else -1)
+            severity = 5 if info.severity == FATAL else 3
+            action = f"XID {info.xid} ({info.name}): {info.action}"
+        says = rule.says.format(value=value, value_s=f"{value * 1000:.1f} ms",
+                                ratio=f"{ratio:.1f}x the median of" if ratio else "above",
+                                **words)
+        out.append(Finding(rule.name, severity, node, words, round(value, 6), says, action,
+                           since.get(key), outlier=ratio is not None))
+    return out
+
+
+def outliers(rule: Rule, rows, label: str) -> list[tuple[dict, float, float | None]]:
+    """A node well above the job's other nodes (same mount, same cause);
+    with no other node to compare, only a value far above the floor."""
+    groups: dict[tuple, list] = {}
+    for labels, value in rows:
+        groups.setdefault(tuple(labels.get(k, "") for k in rule.by), []).append((labels, value))
+    out = []
+    for members in groups.values():
+        for labels, value in members:
+            others = [v for lb, v in members if lb.get(label) != labels.get(label)]
+            if value <= rule.floor:
+                continue
+            if not others:
+                if value > rule.floor * rule.factor:
+                    out.append((labels, value, None))
+                continue
+            median = statistics.median(others)
+            if value > rule.factor * max(median, rule.floor / rule.factor):
+                out.append((labels, value, value / median if median > 0 else float("inf")))
+    return out
+
+
+def _since(ask: Asker, promql: str, window: str, label: str, rule: Rule) -> dict:
+    """(node, *by) -> when the rule's value first went above zero in the window."""
+    end = time.time()
+    span = seconds(window)
+    step = max(span / 120, 1.0)
+    first = {}
+    for labels, points in ask.over(promql, end - span, end, step):
+        key = (labels.get(label, "?"), *(labels.get(k, "") for k in rule.by))
+        t = next((t for t, v in points if v > 0), None)
+        if t is not None:
+            first[key] = t
+    return first

@@ -1,0 +1,54 @@
+"""explain's answer as text for a person, or JSON for a program."""
+from __future__ import annotations
+
+import datetime
+import json
+
+from .fleet import Answer
+
+
+def _when(t: float | None) -> str:
+    if t is None:
+        return ""
+    return " since " + datetime.datetime.fromtimestamp(t).strftime("%H:%M:%S")
+
+
+def _bytes(n: float | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TiB"
+
+
+def _cpu(seconds: float | None) -> str:
+    # the job's own cgroup only: where Slurm's v1 layout leaves its
+    # processes at the v2 root, there is none
+    return "-" if seconds is None else f"{seconds:.1f} s"
+
+
+def text(answer: Answer, url: str) -> str:
+    head = (f"job {answer.job}: " + (f"{len(answer.nodes)} node(s) ({', '.join(answer.nodes)})"
+                                     if answer.nodes else "no node has series of it")
+            + f", last {answer.window}, asked {url} ({answer.queries} queries, "
+              f"{answer.seconds:.2f} s)")
+    if not answer.nodes:
+        return head + "\nnothing known: the job ran nowhere an agent watched in that window"
+    lines = [head]
+    for node in answer.nodes:
+        did = answer.activity.get(node, {})
+        lines.append(f"  {node}: read {_bytes(did.get('read_bytes'))}, wrote "
+                     f"{_bytes(did.get('write_bytes'))}, CPU {_cpu(did.get('cpu_seconds'))}")
+    if not answer.findings:
+        return "\n".join(lines + ["nothing abnormal"])
+    for i, f in enumerate(answer.findings, 1):
+        odd = " (unlike the job's other nodes)" if f.outlier else ""
+        lines.append(f"{i}. [{f.severity}] {f.node}: {f.says}{odd}{_when(f.since)}")
+        lines.append(f"   what to do: {f.action}")
+    return "\n".join(lines)
+
+
+def as_json(answer: Answer) -> str:
+    return json.dumps(answer.to_json(), indent=2, sort_keys=True)

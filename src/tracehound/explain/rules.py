@@ -1,0 +1,111 @@
+"""The findings `explain` can make, as data.
+
+A rule is one PromQL question over the window, asked once for the whole job
+and answered per node (and per mount, signal, op, XID where that names the
+cause): its value says how much went wrong. `kind` says how the answer is
+judged:
+
+  grew      any node where the value is above zero is a finding
+  outlier   a node whose value is above `floor` and over `factor` times the
+            median of the job's other nodes (one slow rank, one node with
+            retransmits) is a finding; alike nodes are not
+
+Only series the agent labels with the job are asked, except the GPU's, which
+are the node's: a GPU error on a node the job runs on is the job's problem.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+JOB = "{job}"       # the job's matchers, filled in per question (fill())
+WIN = "{window}"
+
+
+def fill(expr: str, **values: str) -> str:
+    """EXPR with each {name} replaced by its value. Not str.format: PromQL's
+    own braces (selectors) would be read as fields."""
+    for name, value in values.items():
+        expr = expr.replace("{" + name + "}", value)
+    return expr
+
+
+def grew(metric: str, matchers: str) -> str:
+    """How much a counter grew over the window: its last value in the window
+    less its value at the window's start, or the last value for a series
+    born within it (a job's first OOM kill starts its series at 1); a reset
+    (the agent restarted) counts as nothing rather than as negative."""
+    sel = f"{metric}{{{matchers}}}"
+    last = f"last_over_time({sel}[{WIN}])"
+    return f"(clamp_min({last} - {sel} offset {WIN}, 0) or {last})"
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    severity: int               # 5 the job is broken ... 1 worth a look
+    expr: str                   # PromQL with {job}, {window} and {by}
+    by: tuple[str, ...]         # labels beside the node's that name the cause
+    kind: str                   # "grew" or "outlier"
+    says: str                   # the finding, formatted with the value and the `by` labels
+    action: str
+    floor: float = 0.0
+    factor: float = 3.0
+    job_labelled: bool = True   # False: the node's series (GPU), asked on the job's nodes
+
+
+RULES: tuple[Rule, ...] = (
+    Rule("oom_kill", 5,
+         "sum by ({by}) (" + grew("tracehound_process_exits_total", JOB + ',reason="oom"') + ")",
+         (), "grew", "{value:g} process(es) of the job killed by the OOM killer",
+         "raise the job's memory request or find what grew (tracehound_cgroup_memory_rss_bytes)"),
+    Rule("killed_by_signal", 4,
+         "sum by ({by}) (" + grew("tracehound_process_exits_total", JOB + ',reason="signal"')
+         + ")", ("signal",), "grew", "{value:g} process(es) of the job killed by SIG{signal}",
+         "find who sent it: the job's own error handling, an admin, or a watchdog (the node's "
+         "/events has each exit's pid)"),
+    Rule("gpu_xid", 5,
+         "sum by ({by}) (" + grew("tracehound_gpu_xid_errors_total", "{node}") + ")",
+         ("pci_bus_id", "xid"), "grew", "{value:g} XID {xid} on GPU {pci_bus_id}",
+         "see the XID catalog's action below", job_labelled=False),
+    Rule("read_errors", 4,
+         "sum by ({by}) (" + grew("tracehound_io_read_errors_total", JOB) + ")",
+         ("mountpoint",), "grew", "{value:g} failed read call(s) on {mountpoint}",
+         "check the file system's health and the node's kernel log for that mount"),
+    Rule("write_errors", 4,
+         "sum by ({by}) (" + grew("tracehound_io_write_errors_total", JOB) + ")",
+         ("mountpoint",), "grew", "{value:g} failed write call(s) on {mountpoint}",
+         "check the file system's health and free space, and the node's kernel log"),
+    Rule("rdma_verb_errors", 4,
+         "sum by ({by}) (" + grew("tracehound_rdma_verb_errors_total", JOB) + ")",
+         ("op", "errno"), "grew", "{value:g} RDMA {op} call(s) failed with {errno}",
+         "ENOMEM on reg_mr: raise RLIMIT_MEMLOCK; EAGAIN/ENOSPC: the rdma cgroup's or the "
+         "device's limits; tracehound rdma show lists the objects held"),
+    Rule("fsync_errors", 4,
+         "sum by ({by}) (" + grew("tracehound_io_fsync_errors_total", JOB) + ")",
+         ("mountpoint",), "grew", "{value:g} failed fsync call(s) on {mountpoint}",
+         "data the job thought written may be lost: check the device and the file "
+         "system server, and the node's kernel log"),
+    Rule("rdma_app_verb_errors", 4,
+         "sum by ({by}) (" + grew("tracehound_rdma_app_verb_errors_total", JOB) + ")",
+         ("op", "errno"), "grew", "{value:g} libibverbs {op} call(s) failed ({errno})",
+         "the application's own view of its verbs: the same limits as above, and a "
+         "library or driver mismatch when the kernel saw no matching failure"),
+    Rule("job_stalled", 4,
+         "max by ({by}) (max_over_time(tracehound_workload_stalled{" + JOB + "}[" + WIN + "]))",
+         (), "grew", "the job's processes made no progress (no I/O, no network) while it was "
+         "meant to run", "look for stopped processes (state T), a hung collective, or a "
+         "dead peer; the node's /events has when it stalled and resumed"),
+    Rule("tcp_retransmits", 3,
+         "sum by ({by}) (" + grew("tracehound_net_tcp_retransmits_total", JOB) + ")",
+         (), "outlier", "{value:g} TCP retransmissions, {ratio} the job's other nodes",
+         "check the node's links and switch port for loss (errors, drops, a flapping port)",
+         floor=10),
+    Rule("slow_writes", 2,
+         "sum by ({by}) (rate(tracehound_io_write_latency_seconds_sum{" + JOB + "}[" + WIN + "]))"
+         " / sum by ({by}) (rate(tracehound_io_write_latency_seconds_count{" + JOB + "}[" + WIN
+         + "]))",
+         ("mountpoint",), "outlier",
+         "mean write latency {value_s} on {mountpoint}, {ratio} the job's other nodes",
+         "look for a throttled cgroup (io.max, blkio), a degraded disk, or a shared file "
+         "system server that is slow for this node", floor=0.005),
+)
