@@ -156,6 +156,12 @@ def rig():
     sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     try:
         s["sleeper"] = sleeper.pid
+        # asleep once its interpreter is up: on a loaded machine that takes a
+        # while, and a snapshot before it would see it running
+        deadline = time.monotonic() + 60
+        while state_of(sleeper.pid) != "S":
+            assert time.monotonic() < deadline, f"the sleeper never slept: {state_of(sleeper.pid)}"
+            time.sleep(0.05)
         s["writer"] = scaffold.start_writer(s["writer_cgroup"], f"{tmp}/writer",
                                             block_size=4096, direct=False,
                                             interval=0.05)["pid"]

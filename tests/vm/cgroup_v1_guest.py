@@ -52,6 +52,9 @@ def start_agent(out: list) -> tuple[subprocess.Popen, str]:
     url = None
     for line in proc.stdout:
         out.append(line)
+        # into the scenario's output as well: what a start that never ends
+        # got to is the only clue a timeout leaves
+        print(line, end="", flush=True)
         m = re.search(r"serving metrics on (http://\S+?/metrics)", line)
         if m:
             url = m.group(1)

@@ -13,7 +13,7 @@ pytestmark = pytest.mark.vm
 # unshare: the guest's other scenarios keep their v2 tree
 GUEST = harness.Scenario(
     "cgroup_v1",
-    f"unshare -m {shlex.quote(sys.executable)} tests/vm/cgroup_v1_guest.py {{results}}", 300,
+    f"unshare -m {shlex.quote(sys.executable)} tests/vm/cgroup_v1_guest.py {{results}}", 600,
     lane="files")
 
 
