@@ -21,7 +21,6 @@ COMMANDS: dict[str, str] = {"run": "tracehound.commands.run",
                             "explain": "tracehound.commands.explain",
                             "doctor": "tracehound.commands.doctor",
                             "health": "tracehound.commands.health"}
-COMMAND_MODULES: list[str] = list(COMMANDS.values())
 
 
 def build_parser(modules: list[str] | None = None) -> argparse.ArgumentParser:
@@ -37,7 +36,7 @@ def build_parser(modules: list[str] | None = None) -> argparse.ArgumentParser:
     hook.add_argument("--hook-mode", choices=("auto",) + MODES, default=defaults.HOOK_MODE,
                       help="force one hook mode for every probe (default: auto picks "
                            "fentry, then kprobe, then tracepoint, per hook)")
-    for module in modules or COMMAND_MODULES:
+    for module in modules or COMMANDS.values():
         importlib.import_module(module).add_parser(sub, hook)
     return p
 

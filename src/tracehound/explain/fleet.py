@@ -14,8 +14,7 @@ from dataclasses import asdict, dataclass, field
 
 from ..fleet import prometheus
 from ..gpu.xid_catalog import FATAL, lookup
-from .rules import RULES, Rule, fill
-from .rules import grew as grow
+from .rules import RULES, Rule, fill, grew
 
 # series that name a job on the node that runs it; a job shows in at least one
 PRESENCE = ("tracehound_io_read_bytes_total", "tracehound_io_write_bytes_total",
@@ -25,9 +24,9 @@ PRESENCE = ("tracehound_io_read_bytes_total", "tracehound_io_write_bytes_total",
 # only (step=""): it is exported at job, step and task level as well, and a
 # sum over them would count each CPU second up to three times
 ACTIVITY = {
-    "read_bytes": "sum by ({by}) (" + grow("tracehound_io_read_bytes_total", "{job}") + ")",
-    "write_bytes": "sum by ({by}) (" + grow("tracehound_io_write_bytes_total", "{job}") + ")",
-    "cpu_seconds": "sum by ({by}) (" + grow("tracehound_cgroup_cpu_seconds_total",
+    "read_bytes": "sum by ({by}) (" + grew("tracehound_io_read_bytes_total", "{job}") + ")",
+    "write_bytes": "sum by ({by}) (" + grew("tracehound_io_write_bytes_total", "{job}") + ")",
+    "cpu_seconds": "sum by ({by}) (" + grew("tracehound_cgroup_cpu_seconds_total",
                                              '{job},step=""') + ")",
 }
 _DURATION = re.compile(r"^[0-9]+[smhd]$")
@@ -99,8 +98,7 @@ def explain(url: str, job: str, window: str = "15m", node_label: str = "instance
         nodes = _nodes(ask, job_sel, window, node_label)
         answer = Answer(job, window, nodes)
         if nodes:
-            node_sel = f'{node_label}=~"{"|".join(re.escape(n) for n in nodes)}"'.replace(
-                "\\", "\\\\")
+            node_sel = f"{node_label}=~{prometheus.regex_literal(*nodes)}"
             answer.activity = _activity(ask, job_sel, window, node_label)
             for rule in RULES:
                 answer.findings += _judge(ask, rule, job_sel, node_sel, window, node_label)

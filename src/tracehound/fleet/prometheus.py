@@ -51,6 +51,7 @@ Example::
 from __future__ import annotations
 
 import json
+import re
 import time
 import urllib.error
 import urllib.parse
@@ -88,6 +89,16 @@ class DetectionTimeout(PrometheusError, TimeoutError):
         self.last = last or []
         self.last_error = last_error
         self.seconds = seconds
+
+
+def regex_literal(*texts: str, then: str = "") -> str:
+    """A quoted PromQL string holding a regular expression: any of TEXTS,
+    matched literally, followed by the pattern THEN. Each text is escaped for
+    the expression, then the whole for the string (backslashes, quotes,
+    control characters: a cgroup or node name may hold any of them)."""
+    alternatives = "|".join(re.escape(t) for t in texts)
+    grouped = f"({alternatives})" if then and len(texts) > 1 else alternatives
+    return json.dumps(grouped + then)
 
 
 def _endpoint(url: str, path: str) -> str:

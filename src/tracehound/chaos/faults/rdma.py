@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import resource
 
 from ...attribution.procs import cgroup_v2_path
+from ...fleet import prometheus
 from . import (Arg, Availability, Detection, Fault, FaultError, Prepared, cgroupctl,
                interface_args, names, refuse_host_netns, target_args)
 from .targets import (cgroup2_root, cgroup_dir, check_target_args,
@@ -100,9 +100,7 @@ class RdmaMemlock(Fault):
     def detection(self, args, state=None):
         # the targets' own cgroups once known: another job's ENOMEM is not this fault
         cgroups = (state or {}).get("cgroups") or []
-        # a regular expression inside a PromQL string: its backslashes doubled
-        alternatives = "|".join(re.escape(cg).replace("\\", "\\\\") for cg in cgroups)
-        where = f',cgroup=~"{alternatives}"' if cgroups else ""
+        where = f",cgroup=~{prometheus.regex_literal(*cgroups)}" if cgroups else ""
         q = f'tracehound_rdma_verb_errors_total{{op=~"reg_mr|umem_get",errno="ENOMEM"{where}}}'
         return Detection.counter_grows(
             q, "memory registrations fail with ENOMEM"

@@ -28,8 +28,7 @@ _SELECTOR = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?$")
 def node_matcher(label: str, node: str) -> str:
     """A matcher for the node's own series: its name, or its name followed
     by a domain or a port (instance="n1.example:9560")."""
-    rx = re.escape(node).replace("\\", "\\\\")
-    return f'{label}=~"{rx}([.:].*)?"'
+    return f"{label}=~{prometheus.regex_literal(node, then='([.:].*)?')}"
 
 
 def with_matcher(selector: str, matcher: str) -> str | None:
