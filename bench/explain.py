@@ -25,6 +25,7 @@ import argparse
 import json
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
@@ -37,7 +38,7 @@ sys.path[:0] = [HERE, ROOT, os.path.join(ROOT, "src")]
 from detection import machine  # noqa: E402
 from tests import prometheus_server  # noqa: E402
 from tests.cluster.conftest import Agents  # noqa: E402
-from tests.cluster.slurm import Cluster  # noqa: E402
+from tests.cluster.slurm import PARTITION, Cluster  # noqa: E402
 from tests.conftest import tracehound_cmd  # noqa: E402
 from tracehound.explain.fleet import explain  # noqa: E402
 from tracehound.fleet import prometheus  # noqa: E402
@@ -279,6 +280,9 @@ def main() -> int:
     ap.add_argument("--scrape", type=float, default=5)
     ap.add_argument("--out", default=os.path.join(HERE, "report"))
     args = ap.parse_args()
+    # stopped early (Ctrl-C, or TERM from a supervisor): the cluster still goes down
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda n, _f: sys.exit(128 + n))
     run_dir = tempfile.mkdtemp(prefix="thbench-slurm-")
     cluster = Cluster(run_dir, 3, prefix="b")
     agents = Agents(cluster, {n: f"f0{i}0:00:00.0" for i, n in enumerate(cluster.nodes, 1)})
@@ -300,6 +304,8 @@ def main() -> int:
             until(lambda: len(prometheus.query(url, "up == 1")) == 3, "three agents scraped")
             result = soak(cluster, url, args.seconds, args.wave, args.scrape)
     finally:
+        subprocess.run(["scancel", "--full", "--quiet", f"--partition={PARTITION}"],
+                       env=cluster.env(), capture_output=True, timeout=30)
         for node in list(agents.procs):
             agents.stop(node)
         cluster.down()
