@@ -19,7 +19,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -68,16 +67,18 @@ def job_ids(report: dict) -> dict[str, str]:
 
 
 class Job:
-    """A real job of one task per node, each task holding until signalled."""
+    """A real job of one task per node, each task running `script` (by
+    default holding until signalled) with the job's directory and `args`."""
 
-    def __init__(self, cluster, nodes: list[str], tmp_path, name: str):
+    def __init__(self, cluster, nodes: list[str], tmp_path, name: str, script: str = HOLD,
+                 *args: str):
         self.dir = tmp_path / name
         self.dir.mkdir()
         self.nodes, self.env = nodes, cluster.env()
         self.proc = subprocess.Popen(
             ["srun", f"--nodelist={','.join(nodes)}", f"--nodes={len(nodes)}",
              f"--ntasks={len(nodes)}", "--ntasks-per-node=1", f"--job-name={name}",
-             sys.executable, "-I", "-c", HOLD, str(self.dir)],
+             sys.executable, "-I", "-c", script, str(self.dir), *args],
             env=cluster.env(), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
             start_new_session=True)
         self.pids = poll(lambda: self._pids(), f"{name}'s tasks started",

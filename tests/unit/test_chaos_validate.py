@@ -182,8 +182,8 @@ CASES = [
      "arguments do not fit exists()", "nope: 1"),
     ("unknown-fault", method(fault("io.throttel", "{}")), "did you mean 'io.throttle'",
      "io.throttel"),
-    ("fault-missing-arg", method(fault("io.throttle", "{device: /dev/vda, wbps: 1}")),
-     "needs argument 'cgroup'", "io.throttle"),
+    ("fault-missing-arg", method(fault("net.loss", "{percent: 5}")),
+     "needs argument 'interface'", "net.loss"),
     ("fault-arg-type", method(fault("io.throttle", "{cgroup: /x, device: /dev/vda, wbps: "
                                     "fast}")), "must be an integer", "wbps: fast"),
     ("fault-unknown-arg", method(fault("proc.stop", "{pid: 123, colour: red}")),
@@ -314,7 +314,7 @@ def test_every_problem_is_reported_not_just_the_first(tmp_path, capsys):
     path.write_text(text.replace("title: valid base\n", ""))
     assert cli.main(["chaos", "validate", str(path)]) == 2
     err = capsys.readouterr().err
-    for fragment in ("'title' is missing", "needs argument 'cgroup'", "device: must be a "
+    for fragment in ("'title' is missing", "exactly one target: cgroup or job_id", "device: must be a "
                      "string", "give at least one limit", "must be a comparison",
                      "5 problem(s)"):
         assert fragment in err, err

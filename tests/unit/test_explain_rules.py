@@ -1,8 +1,13 @@
 """explain's judgement of the answers Prometheus gave: which nodes are
 outliers among a job's, how a finding reads, and how they rank."""
+import datetime
 import json
+import time
 
-from tracehound.explain import fleet, render
+import pytest
+
+from tracehound import cli
+from tracehound.explain import answer, fleet, node, render
 from tracehound.explain.rules import RULES, fill
 
 SLOW = next(r for r in RULES if r.name == "slow_writes")
@@ -41,6 +46,34 @@ def test_a_lone_node_is_an_outlier_only_far_above_the_floor():
     assert (labels["node"], value, ratio) == ("a", 31, None)
 
 
+class Answers:
+    """Prometheus's range answer to the one question _since asks."""
+
+    def __init__(self, series):
+        self.series = series
+
+    def over(self, promql, start, end, step):
+        return self.series
+
+
+def test_an_outlier_is_one_since_it_parted_from_the_others_not_since_it_wrote():
+    # mean write latency is above zero on every node all along; node c's
+    # rose at t=30 (a throttled disk) and stays high
+    times = [0.0, 10.0, 20.0, 30.0, 40.0]
+    series = [({"node": "a", "mountpoint": "/"}, [(t, 0.002) for t in times]),
+              ({"node": "b", "mountpoint": "/"}, [(t, 0.003) for t in times]),
+              ({"node": "c", "mountpoint": "/"},
+               [(t, 0.002 if t < 30 else 0.2) for t in times])]
+    assert fleet._since(Answers(series), "q", "5m", "node", SLOW) == {("c", "/"): 30.0}
+
+
+def test_a_count_holds_since_it_first_grew():
+    series = [({"node": "a", "signal": "KILL"}, [(0.0, 0.0), (10.0, 1.0), (20.0, 1.0)]),
+              ({"node": "b", "signal": "KILL"}, [(0.0, 0.0), (10.0, 0.0), (20.0, 0.0)])]
+    rule = next(r for r in RULES if r.name == "killed_by_signal")
+    assert fleet._since(Answers(series), "q", "5m", "node", rule) == {("a", "KILL"): 10.0}
+
+
 def test_fill_leaves_promql_braces_alone():
     expr = fill(RULES[0].expr, job='job_id="7"', window="5m", by="node")
     assert '{job_id="7",reason="oom"}[5m]' in expr and "sum by (node)" in expr
@@ -48,15 +81,15 @@ def test_fill_leaves_promql_braces_alone():
 
 
 def test_findings_rank_by_severity_then_onset_then_size():
-    f = [fleet.Finding("tcp_retransmits", 3, "a", {}, 500, "x", "y", since=10.0, outlier=True),
-         fleet.Finding("killed_by_signal", 4, "b", {}, 1, "x", "y", since=20.0),
-         fleet.Finding("write_errors", 4, "c", {}, 90, "x", "y", since=5.0)]
-    f.sort(key=fleet.rank)
+    f = [answer.Finding("tcp_retransmits", 3, "a", {}, 500, "x", "y", since=10.0, outlier=True),
+         answer.Finding("killed_by_signal", 4, "b", {}, 1, "x", "y", since=20.0),
+         answer.Finding("write_errors", 4, "c", {}, 90, "x", "y", since=5.0)]
+    f.sort(key=answer.rank)
     assert [x.node for x in f] == ["c", "b", "a"]
 
 
 def test_text_and_json_say_nothing_abnormal_for_a_clean_job():
-    a = fleet.Answer("12", "15m", ["n1", "n2"],
+    a = answer.Answer("12", "15m", ["n1", "n2"],
                      activity={"n1": {"read_bytes": 2048, "write_bytes": 0, "cpu_seconds": 3.25}},
                      queries=14, seconds=0.2)
     text = render.text(a, "http://prom:9090")
@@ -68,7 +101,7 @@ def test_text_and_json_say_nothing_abnormal_for_a_clean_job():
 
 
 def test_a_job_no_agent_saw_says_so():
-    text = render.text(fleet.Answer("12", "15m", []), "http://prom:9090")
+    text = render.text(answer.Answer("12", "15m", []), "http://prom:9090")
     assert "no node has series of it" in text and "ran nowhere an agent watched" in text
 
 
@@ -80,3 +113,45 @@ def test_bad_questions_are_refused_before_anything_is_asked(capsys):
         # port 1: nothing answers there, so reaching Prometheus would say so instead
         assert main(["explain", *argv, "--prometheus", "http://127.0.0.1:1"]) == 2
         assert why in capsys.readouterr().out
+
+
+def test_node_mode_adds_up_a_counting_rule_over_the_job_s_series_only():
+    kill = next(r for r in RULES if r.name == "killed_by_signal")
+    rows = [({"job_id": "7", "reason": "signal", "signal": "KILL", "step": "0"}, 1.0),
+            ({"job_id": "7", "reason": "signal", "signal": "KILL", "step": "1"}, 2.0),
+            ({"job_id": "7", "reason": "exit", "signal": "", "step": "0"}, 5.0),
+            ({"job_id": "7", "reason": "signal", "signal": "TERM", "step": "0"}, 0.0)]
+    [f] = node._counted(kill, rows, "n1")
+    assert (f.node, f.labels, f.value) == ("n1", {"signal": "KILL"}, 3.0)
+    assert f.says == "3 process(es) of the job killed by SIGKILL" and f.since is None
+
+
+def test_node_mode_counts_the_xids_of_the_window_with_when_they_came():
+    now = time.time()
+
+    def at(t):
+        return datetime.datetime.fromtimestamp(t, datetime.timezone.utc).isoformat()
+    events = [{"kind": "xid", "xid": 79, "pci_bus_id": "0000:3b:00.0", "time": at(now - 30)},
+              {"kind": "xid", "xid": 79, "pci_bus_id": "0000:3b:00.0", "time": at(now - 10)},
+              {"kind": "xid", "xid": 13, "pci_bus_id": "0000:3b:00.0", "time": at(now - 3600)},
+              {"kind": "thermal_slowdown", "pci_bus_id": "0000:3b:00.0", "time": at(now)},
+              {"kind": "xid", "xid": "79; x", "time": "not a time"}, "not an event"]
+    [f] = node._xids(json.dumps({"events": events, "next": 6}), "15m", "n1")
+    assert (f.labels, f.value, f.severity) == ({"pci_bus_id": "0000:3b:00.0", "xid": "79"}, 2, 5)
+    assert abs(f.since - (now - 30)) < 1e-3 and f.action.startswith("XID 79 (GPU fell off")
+
+
+def test_node_mode_refuses_what_is_not_an_event_log():
+    with pytest.raises(answer.ExplainError, match="not an event list"):
+        node._xids("<html>", "15m", "n1")
+
+
+def test_one_node_or_the_fleet_not_both(capsys):
+    assert cli.main(["explain", "7", "--prometheus", "http://p:9090", "--url",
+                     "http://a:9560/metrics"]) == 2
+    assert "--url and --node are for one node's agent" in capsys.readouterr().out
+
+
+def test_an_agent_that_does_not_answer_is_said_so(capsys):
+    assert cli.main(["explain", "7", "--url", "http://127.0.0.1:9/metrics"]) == 2
+    assert "cannot read http://127.0.0.1:9/metrics" in capsys.readouterr().out

@@ -12,28 +12,49 @@ def add_parser(sub, hook=None) -> None:
                     "job over a window, and ranks what holds: the worst first, and among "
                     "equals the earliest, so the top line is the likeliest cause. Prints "
                     "what the job did on each node (bytes read and written, CPU) above the "
-                    "findings, or 'nothing abnormal'. Needs the fleet's Prometheus: the "
-                    "node agent alone keeps no history to answer from. Exit 0 answered, "
-                    "2 the question could not be asked (bad input, Prometheus unreachable).")
+                    "findings, or 'nothing abnormal'. Without --prometheus it asks this "
+                    "node's agent (--url) instead: the counting rules over the job's life "
+                    "on this node, GPU XIDs from the agent's event log within the window, a "
+                    "stall now; comparing a node with the job's others needs Prometheus. "
+                    "Exit 0 answered, 2 the question could not be asked (bad input, "
+                    "Prometheus or the agent unreachable).")
     p.add_argument("job", help="Slurm job id")
-    p.add_argument("--prometheus", required=True, metavar="URL",
-                   help="the fleet's Prometheus, scraping every node's agent")
+    p.add_argument("--prometheus", metavar="URL",
+                   help="the fleet's Prometheus, scraping every node's agent (fleet mode)")
+    p.add_argument("--url", metavar="URL", default=None,
+                   help="without --prometheus: this node's agent (default "
+                        "$TRACEHOUND_METRICS_URL, else http://127.0.0.1:9560/metrics)")
+    p.add_argument("--node", metavar="NAME", default=None,
+                   help="without --prometheus: the name this node goes by (default its "
+                        "hostname)")
     p.add_argument("--window", default="15m", metavar="DURATION",
                    help="how far back to look (default 15m)")
     p.add_argument("--node-label", default="instance", metavar="LABEL",
-                   help="the label that names a node in Prometheus (default instance)")
+                   help="with --prometheus: the label that names a node (default instance)")
     p.add_argument("--json", action="store_true", help="the answer as JSON")
     p.set_defaults(handler=cmd_explain)
 
 
 def cmd_explain(args) -> int:
+    import os
+
     from ..explain import render
-    from ..explain.fleet import ExplainError, explain
+    from ..explain.answer import ExplainError
+    if args.prometheus and (args.url or args.node):
+        print("tracehound: explain: --url and --node are for one node's agent; with "
+              "--prometheus every node is asked", flush=True)
+        return 2
     try:
-        answer = explain(args.prometheus, args.job, args.window, args.node_label)
+        if args.prometheus:
+            from ..explain.fleet import explain
+            url = args.prometheus
+            answer = explain(url, args.job, args.window, args.node_label)
+        else:
+            from ..explain.node import DEFAULT_URL, explain_node
+            url = args.url or os.environ.get("TRACEHOUND_METRICS_URL") or DEFAULT_URL
+            answer = explain_node(url, args.job, args.window, args.node)
     except ExplainError as exc:
         print(f"tracehound: explain: {exc}", flush=True)
         return 2
-    print(render.as_json(answer) if args.json else render.text(answer, args.prometheus),
-          flush=True)
+    print(render.as_json(answer) if args.json else render.text(answer, url), flush=True)
     return 0

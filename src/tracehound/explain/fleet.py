@@ -10,16 +10,12 @@ from __future__ import annotations
 import re
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
 
 from ..fleet import prometheus
-from ..gpu.xid_catalog import FATAL, lookup
+from .answer import (JOB_ID, PRESENCE, Answer, ExplainError, Finding, rank, seconds,
+                     valid_window, xid_verdict)
 from .rules import RULES, Rule, fill, grew
 
-# series that name a job on the node that runs it; a job shows in at least one
-PRESENCE = ("tracehound_io_read_bytes_total", "tracehound_io_write_bytes_total",
-            "tracehound_process_exits_total", "tracehound_cgroup_cpu_seconds_total",
-            "tracehound_net_tcp_retransmits_total", "tracehound_rdma_verb_calls_total")
 # what the job did on each node over the window. CPU is the job's own cgroup
 # only (step=""): it is exported at job, step and task level as well, and a
 # sum over them would count each CPU second up to three times
@@ -29,40 +25,6 @@ ACTIVITY = {
     "cpu_seconds": "sum by ({by}) (" + grew("tracehound_cgroup_cpu_seconds_total",
                                              '{job},step=""') + ")",
 }
-_DURATION = re.compile(r"^[0-9]+[smhd]$")
-_JOB = re.compile(r"^[0-9]{1,12}$")
-
-
-class ExplainError(Exception):
-    """The question cannot be asked (bad job id, window, or Prometheus)."""
-
-
-@dataclass
-class Finding:
-    rule: str
-    severity: int
-    node: str
-    labels: dict
-    value: float
-    says: str
-    action: str
-    since: float | None = None
-    outlier: bool = False
-
-
-@dataclass
-class Answer:
-    job: str
-    window: str
-    nodes: list[str]
-    findings: list[Finding] = field(default_factory=list)
-    # node -> what the job did there over the window (ACTIVITY's names)
-    activity: dict[str, dict[str, float]] = field(default_factory=dict)
-    queries: int = 0
-    seconds: float = 0.0
-
-    def to_json(self) -> dict:
-        return {**asdict(self), "findings": [asdict(f) for f in self.findings]}
 
 
 class Asker:
@@ -80,15 +42,10 @@ class Asker:
         return prometheus.query_range(self.url, promql, start, end, step, timeout=self.timeout)
 
 
-def seconds(window: str) -> float:
-    return float(window[:-1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[window[-1]]
-
-
 def explain(url: str, job: str, window: str = "15m", node_label: str = "instance") -> Answer:
-    if not _JOB.match(job):
+    if not JOB_ID.match(job):
         raise ExplainError(f"{job!r} is not a Slurm job id (digits)")
-    if not _DURATION.match(window):
-        raise ExplainError(f"--window {window!r}: a duration such as 90s, 15m or 2h")
+    valid_window(window)
     if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", node_label):
         raise ExplainError(f"--node-label {node_label!r} is not a label name")
     started = time.monotonic()
@@ -107,13 +64,6 @@ def explain(url: str, job: str, window: str = "15m", node_label: str = "instance
     answer.findings.sort(key=rank)
     answer.queries, answer.seconds = ask.count, round(time.monotonic() - started, 3)
     return answer
-
-
-def rank(f: Finding) -> tuple:
-    """The worst first; among equals the earliest (what came first is the
-    likelier cause of what followed), then the largest."""
-    return (-f.severity, f.since if f.since is not None else float("inf"), not f.outlier,
-            -f.value, f.node)
 
 
 def _nodes(ask: Asker, job_sel: str, window: str, label: str) -> list[str]:
@@ -150,9 +100,7 @@ def _judge(ask: Asker, rule: Rule, job_sel: str, node_sel: str, window: str,
         words = {k: labels.get(k, "") for k in rule.by}
         severity, action = rule.severity, rule.action
         if rule.name == "gpu_xid":
-            info = lookup(int(words["xid"]) if words["xid"].isdigit() else -1)
-            severity = 5 if info.severity == FATAL else 3
-            action = f"XID {info.xid} ({info.name}): {info.action}"
+            severity, action = xid_verdict(words["xid"])
         says = rule.says.format(value=value, value_s=f"{value * 1000:.1f} ms",
                                 ratio=f"{ratio:.1f}x the median of" if ratio else "above",
                                 **words)
@@ -184,14 +132,23 @@ def outliers(rule: Rule, rows, label: str) -> list[tuple[dict, float, float | No
 
 
 def _since(ask: Asker, promql: str, window: str, label: str, rule: Rule) -> dict:
-    """(node, *by) -> when the rule's value first went above zero in the window."""
+    """(node, *by) -> when the rule first held in the window: a count first
+    above zero; a node first an outlier among the job's nodes at that time
+    (a mean latency is above zero all along: what counts is when it parted
+    from the others')."""
     end = time.time()
     span = seconds(window)
     step = max(span / 120, 1.0)
-    first = {}
+    at: dict[float, list] = {}
     for labels, points in ask.over(promql, end - span, end, step):
-        key = (labels.get(label, "?"), *(labels.get(k, "") for k in rule.by))
-        t = next((t for t, v in points if v > 0), None)
-        if t is not None:
-            first[key] = t
+        for t, v in points:
+            if v == v:          # not NaN
+                at.setdefault(t, []).append((labels, v))
+    first: dict[tuple, float] = {}
+    for t in sorted(at):
+        rows = at[t]
+        held = ([(lb, v, None) for lb, v in rows if v > 0] if rule.kind == "grew"
+                else outliers(rule, rows, label))
+        for labels, _v, _r in held:
+            first.setdefault((labels.get(label, "?"), *(labels.get(k, "") for k in rule.by)), t)
     return first

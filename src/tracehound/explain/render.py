@@ -4,7 +4,7 @@ from __future__ import annotations
 import datetime
 import json
 
-from .fleet import Answer
+from .answer import Answer
 
 
 def _when(t: float | None) -> str:
@@ -30,10 +30,11 @@ def _cpu(seconds: float | None) -> str:
 
 
 def text(answer: Answer, url: str) -> str:
+    when = (f"last {answer.window}" if answer.mode == "fleet" else
+            f"over its life on this node (GPU XIDs: last {answer.window})")
     head = (f"job {answer.job}: " + (f"{len(answer.nodes)} node(s) ({', '.join(answer.nodes)})"
                                      if answer.nodes else "no node has series of it")
-            + f", last {answer.window}, asked {url} ({answer.queries} queries, "
-              f"{answer.seconds:.2f} s)")
+            + f", {when}, asked {url} ({answer.queries} queries, {answer.seconds:.2f} s)")
     if not answer.nodes:
         return head + "\nnothing known: the job ran nowhere an agent watched in that window"
     lines = [head]
@@ -41,11 +42,13 @@ def text(answer: Answer, url: str) -> str:
         did = answer.activity.get(node, {})
         lines.append(f"  {node}: read {_bytes(did.get('read_bytes'))}, wrote "
                      f"{_bytes(did.get('write_bytes'))}, CPU {_cpu(did.get('cpu_seconds'))}")
+    if answer.mode == "node":
+        lines.append("  (one node alone: a node unlike the job's others needs --prometheus)")
     if not answer.findings:
         return "\n".join(lines + ["nothing abnormal"])
     for i, f in enumerate(answer.findings, 1):
-        odd = " (unlike the job's other nodes)" if f.outlier else ""
-        lines.append(f"{i}. [{f.severity}] {f.node}: {f.says}{odd}{_when(f.since)}")
+        # an outlier's own words say how it compares with the job's other nodes
+        lines.append(f"{i}. [{f.severity}] {f.node}: {f.says}{_when(f.since)}")
         lines.append(f"   what to do: {f.action}")
     return "\n".join(lines)
 

@@ -51,45 +51,51 @@ class Rule:
     floor: float = 0.0
     factor: float = 3.0
     job_labelled: bool = True   # False: the node's series (GPU), asked on the job's nodes
+    # a counting rule's counter and its fixed label values: node mode adds
+    # them up from the agent's own /metrics (explain/node.py)
+    metric: str = ""
+    match: tuple[tuple[str, str], ...] = ()
+
+
+def counting(name: str, severity: int, metric: str, by: tuple[str, ...], says: str,
+             action: str, match: tuple[tuple[str, str], ...] = (),
+             job_labelled: bool = True) -> Rule:
+    """A rule that holds where a counter grew in the window."""
+    sel = (JOB if job_labelled else "{node}") + "".join(f',{k}="{v}"' for k, v in match)
+    return Rule(name, severity, "sum by ({by}) (" + grew(metric, sel) + ")", by, "grew", says,
+                action, job_labelled=job_labelled, metric=metric, match=match)
 
 
 RULES: tuple[Rule, ...] = (
-    Rule("oom_kill", 5,
-         "sum by ({by}) (" + grew("tracehound_process_exits_total", JOB + ',reason="oom"') + ")",
-         (), "grew", "{value:g} process(es) of the job killed by the OOM killer",
-         "raise the job's memory request or find what grew (tracehound_cgroup_memory_rss_bytes)"),
-    Rule("killed_by_signal", 4,
-         "sum by ({by}) (" + grew("tracehound_process_exits_total", JOB + ',reason="signal"')
-         + ")", ("signal",), "grew", "{value:g} process(es) of the job killed by SIG{signal}",
-         "find who sent it: the job's own error handling, an admin, or a watchdog (the node's "
-         "/events has each exit's pid)"),
-    Rule("gpu_xid", 5,
-         "sum by ({by}) (" + grew("tracehound_gpu_xid_errors_total", "{node}") + ")",
-         ("pci_bus_id", "xid"), "grew", "{value:g} XID {xid} on GPU {pci_bus_id}",
-         "see the XID catalog's action below", job_labelled=False),
-    Rule("read_errors", 4,
-         "sum by ({by}) (" + grew("tracehound_io_read_errors_total", JOB) + ")",
-         ("mountpoint",), "grew", "{value:g} failed read call(s) on {mountpoint}",
-         "check the file system's health and the node's kernel log for that mount"),
-    Rule("write_errors", 4,
-         "sum by ({by}) (" + grew("tracehound_io_write_errors_total", JOB) + ")",
-         ("mountpoint",), "grew", "{value:g} failed write call(s) on {mountpoint}",
-         "check the file system's health and free space, and the node's kernel log"),
-    Rule("rdma_verb_errors", 4,
-         "sum by ({by}) (" + grew("tracehound_rdma_verb_errors_total", JOB) + ")",
-         ("op", "errno"), "grew", "{value:g} RDMA {op} call(s) failed with {errno}",
-         "ENOMEM on reg_mr: raise RLIMIT_MEMLOCK; EAGAIN/ENOSPC: the rdma cgroup's or the "
-         "device's limits; tracehound rdma show lists the objects held"),
-    Rule("fsync_errors", 4,
-         "sum by ({by}) (" + grew("tracehound_io_fsync_errors_total", JOB) + ")",
-         ("mountpoint",), "grew", "{value:g} failed fsync call(s) on {mountpoint}",
-         "data the job thought written may be lost: check the device and the file "
-         "system server, and the node's kernel log"),
-    Rule("rdma_app_verb_errors", 4,
-         "sum by ({by}) (" + grew("tracehound_rdma_app_verb_errors_total", JOB) + ")",
-         ("op", "errno"), "grew", "{value:g} libibverbs {op} call(s) failed ({errno})",
-         "the application's own view of its verbs: the same limits as above, and a "
-         "library or driver mismatch when the kernel saw no matching failure"),
+    counting("oom_kill", 5, "tracehound_process_exits_total", (),
+             "{value:g} process(es) of the job killed by the OOM killer",
+             "raise the job's memory request or find what grew "
+             "(tracehound_cgroup_memory_rss_bytes)", match=(("reason", "oom"),)),
+    counting("killed_by_signal", 4, "tracehound_process_exits_total", ("signal",),
+             "{value:g} process(es) of the job killed by SIG{signal}",
+             "find who sent it: the job's own error handling, an admin, or a watchdog (the "
+             "node's /events has each exit's pid)", match=(("reason", "signal"),)),
+    counting("gpu_xid", 5, "tracehound_gpu_xid_errors_total", ("pci_bus_id", "xid"),
+             "{value:g} XID {xid} on GPU {pci_bus_id}", "see the XID catalog's action below",
+             job_labelled=False),
+    counting("read_errors", 4, "tracehound_io_read_errors_total", ("mountpoint",),
+             "{value:g} failed read call(s) on {mountpoint}",
+             "check the file system's health and the node's kernel log for that mount"),
+    counting("write_errors", 4, "tracehound_io_write_errors_total", ("mountpoint",),
+             "{value:g} failed write call(s) on {mountpoint}",
+             "check the file system's health and free space, and the node's kernel log"),
+    counting("rdma_verb_errors", 4, "tracehound_rdma_verb_errors_total", ("op", "errno"),
+             "{value:g} RDMA {op} call(s) failed with {errno}",
+             "ENOMEM on reg_mr: raise RLIMIT_MEMLOCK; EAGAIN/ENOSPC: the rdma cgroup's or "
+             "the device's limits; tracehound rdma show lists the objects held"),
+    counting("fsync_errors", 4, "tracehound_io_fsync_errors_total", ("mountpoint",),
+             "{value:g} failed fsync call(s) on {mountpoint}",
+             "data the job thought written may be lost: check the device and the file "
+             "system server, and the node's kernel log"),
+    counting("rdma_app_verb_errors", 4, "tracehound_rdma_app_verb_errors_total", ("op", "errno"),
+             "{value:g} libibverbs {op} call(s) failed ({errno})",
+             "the application's own view of its verbs: the same limits as above, and a "
+             "library or driver mismatch when the kernel saw no matching failure"),
     Rule("job_stalled", 4,
          "max by ({by}) (max_over_time(tracehound_workload_stalled{" + JOB + "}[" + WIN + "]))",
          (), "grew", "the job's processes made no progress (no I/O, no network) while it was "

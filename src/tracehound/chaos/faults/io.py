@@ -9,9 +9,9 @@ import stat
 import subprocess
 import time
 
-from ...attribution.procs import proc_cgroups, read_pids
+from ...attribution.procs import cgroup_v2_path, proc_cgroups, read_pids
 from . import Arg, Availability, Detection, Fault, FaultError, Prepared, cgroupctl, names
-from .targets import (cgroup2_root, cgroup_dir, cgroup_procs, common_job, proc_of,
+from .targets import (cgroup2_root, cgroup_dir, cgroup_procs, common_job, job_pids, proc_of,
                       run_cmd, same_process)
 
 THROTTLE_KEYS = ("rbps", "wbps", "riops", "wiops")
@@ -55,8 +55,10 @@ class IoThrottle(Fault):
     name = "io.throttle"
     summary = "limit a cgroup's bandwidth/IOPS on a disk (cgroup v2 io.max; v1 blkio fallback)"
     args = {
-        "cgroup": Arg(str, "cgroup v2 path of the workload, e.g. /thtest/job1", required=True,
+        "cgroup": Arg(str, "cgroup v2 path of the workload, e.g. /thtest/job1",
                       grammar=names.cgroup_path),
+        "job_id": Arg(str, "or a Slurm job: its processes on this node (one slow rank); v2 "
+                           "throttles their common cgroup, v1 moves them", grammar=names.slurm_job_id),
         "device": Arg(str, "block device (/dev/vda), MAJ:MIN, or a path on the file system "
                            "to throttle", required=True),
         "rbps": Arg(int, "read bytes per second", minimum=1),
@@ -70,6 +72,8 @@ class IoThrottle(Fault):
 
     def check(self, args):
         problems = []
+        if (args.get("cgroup") is None) == (args.get("job_id") is None):
+            problems.append("give exactly one target: cgroup or job_id")
         if not any(args.get(k) for k in THROTTLE_KEYS):
             problems.append("give at least one limit: rbps, wbps, riops or wiops")
         return problems
@@ -86,17 +90,17 @@ class IoThrottle(Fault):
 
     def prepare(self, args, fault_id):
         root = cgroup2_root()
-        directory = cgroup_dir(args["cgroup"], root)
         dev = block_device(args["device"])
         limits = {k: args[k] for k in THROTTLE_KEYS if args.get(k)}
+        directory, pids, target = _throttle_target(args, root)
         mode = args.get("mode", "auto")
         if mode == "auto":
-            mode = "v2" if "io" in cgroupctl.controllers(root) else "v1"
-        target = [f"cgroup {args['cgroup']} on {dev}"]
-        try:
-            job = common_job(cgroup_procs(directory))
-        except FaultError:      # no processes to ask yet: detection asks by cgroup
-            job = None
+            mode = "v2" if directory and "io" in cgroupctl.controllers(root) else "v1"
+        if mode == "v2" and directory is None:
+            raise FaultError(f"job {args['job_id']}'s processes share no cgroup v2 below the "
+                             "root (Slurm's cgroup/v1 plugin): throttle them with mode v1")
+        target = [f"{target} on {dev}"]
+        job = args.get("job_id") or common_job(pids)
         if mode == "v2":
             enable = cgroupctl.ancestors_to_enable(root, directory, "io")
             previous = cgroupctl.read_keyed(os.path.join(directory, "io.max")).get(dev)
@@ -107,19 +111,21 @@ class IoThrottle(Fault):
         if blkio is None:
             raise FaultError("cgroup v1 blkio is not mounted and v2 has no io controller")
         moved = {}
-        for pid in cgroup_procs(directory):
+        for pid in pids:
             p = proc_of(pid)
             if p is not None:
                 moved[str(pid)] = [p.start, proc_cgroups(pid).get("blkio", "/")]
         if not moved:
-            raise FaultError(f"cgroup {args['cgroup']} has no processes to throttle (v1 "
-                             "blkio throttles the processes present when it is applied)")
+            raise FaultError(f"{target[0]}: no processes to throttle (v1 blkio throttles the "
+                             "processes present when it is applied)")
         parent = os.path.join(blkio, V1_PARENT)
         state = {"mode": "v1", "blkio": blkio, "dir": os.path.join(parent, fault_id),
                  "parent": parent, "created_parent": not os.path.isdir(parent),
                  "device": dev, "limits": limits, "moved": moved, "job_id": job}
-        notes = ["cgroup v2 has no io controller here: throttled through cgroup v1 blkio; "
-                 "processes that join the cgroup later are not throttled"]
+        why = ("the job's processes share no cgroup v2 below the root" if directory is None
+               else "cgroup v2 has no io controller here")
+        notes = [f"{why}: throttled through cgroup v1 blkio; processes that start later "
+                 "are not throttled"]
         return Prepared(target + [f"{len(moved)} process(es)"], state, notes)
 
     def apply(self, state):
@@ -158,6 +164,27 @@ class IoThrottle(Fault):
             promql=f"sum(rate({name}_sum{sel}[30s])) / sum(rate({name}_count{sel}[30s]))",
             note=f"mean {op} latency of the " + (f"job {job}'s" if job else "cgroup's")
                  + " calls rises above 5 ms")
+
+
+def _throttle_target(args: dict, root: str) -> tuple[str | None, list[int], str]:
+    """(the cgroup v2 directory to throttle or None, the processes, what
+    they are called). A job's directory is the deepest cgroup v2 its
+    processes share, None where that is the root (Slurm's v1 plugin)."""
+    if args.get("job_id") is None:
+        directory = cgroup_dir(args["cgroup"], root)
+        try:
+            pids = cgroup_procs(directory)
+        except FaultError:      # none yet: v2 throttles the cgroup all the same
+            pids = []
+        return directory, pids, f"cgroup {args['cgroup']}"
+    job = args["job_id"]
+    pids = job_pids(job)
+    if not pids:
+        raise FaultError(f"job {job} has no process on this node")
+    paths = {cgroup_v2_path(pid) for pid in pids} - {None}
+    common = os.path.commonpath(sorted(paths)) if paths else "/"
+    directory = cgroup_dir(common, root) if common.strip("/") else None
+    return directory, pids, f"job {job} ({len(pids)} process(es))"
 
 
 def _rollback_v1(state: dict) -> str | None:

@@ -1,0 +1,71 @@
+"""What explain answers, whichever mode asked: the findings, how they rank,
+and the checks both modes make of the question."""
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass, field
+
+from ..gpu.xid_catalog import FATAL, lookup
+
+# series that name a job on the node that runs it; a job shows in at least one
+PRESENCE = ("tracehound_io_read_bytes_total", "tracehound_io_write_bytes_total",
+            "tracehound_process_exits_total", "tracehound_cgroup_cpu_seconds_total",
+            "tracehound_net_tcp_retransmits_total", "tracehound_rdma_verb_calls_total")
+JOB_ID = re.compile(r"^[0-9]{1,12}$")
+_DURATION = re.compile(r"^[0-9]{1,9}[smhd]$")
+
+
+class ExplainError(Exception):
+    """The question cannot be asked (bad job id, window, or source)."""
+
+
+@dataclass
+class Finding:
+    rule: str
+    severity: int
+    node: str
+    labels: dict
+    value: float
+    says: str
+    action: str
+    since: float | None = None
+    outlier: bool = False
+
+
+@dataclass
+class Answer:
+    job: str
+    window: str
+    nodes: list[str]
+    findings: list[Finding] = field(default_factory=list)
+    # node -> what the job did there (bytes read and written, CPU seconds)
+    activity: dict[str, dict[str, float]] = field(default_factory=dict)
+    queries: int = 0
+    seconds: float = 0.0
+    mode: str = "fleet"     # or "node": one agent, no Prometheus (node.py)
+
+    def to_json(self) -> dict:
+        return {**asdict(self), "findings": [asdict(f) for f in self.findings]}
+
+
+def rank(f: Finding) -> tuple:
+    """The worst first; among equals the earliest (what came first is the
+    likelier cause of what followed), then the largest."""
+    return (-f.severity, f.since if f.since is not None else float("inf"), not f.outlier,
+            -f.value, f.node)
+
+
+def valid_window(window: str) -> None:
+    if not _DURATION.match(window):
+        raise ExplainError(f"--window {window!r}: a duration such as 90s, 15m or 2h")
+
+
+def seconds(window: str) -> float:
+    return float(window[:-1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[window[-1]]
+
+
+def xid_verdict(xid: str) -> tuple[int, str]:
+    """(severity, what to do) of an XID, from the catalog: a fatal one breaks
+    the job, another is worth a look."""
+    info = lookup(int(xid) if xid.isdigit() else -1)
+    return (5 if info.severity == FATAL else 3), f"XID {info.xid} ({info.name}): {info.action}"

@@ -1,0 +1,149 @@
+"""Node mode: one node's answer from its own agent, without Prometheus.
+
+The agent keeps no history, and the counting rules need none: a job's
+counters are born with its cgroup and retired with it (its exits 120 s
+later), so their value on this node is what grew while the job ran here.
+Node mode judges each counting rule over the job's life on this node, not
+over a window. Two rules read something else:
+
+  gpu_xid      the node's GPU counters are as old as the agent: an XID
+               counts when the agent's event log holds it within --window,
+               and says when it came;
+  job_stalled  the stalled gauge now (is it stalled, not was it).
+
+The comparing rules (one node unlike the job's others) need the other
+nodes: fleet mode only. Two reads of the agent: /metrics, /events.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import os
+import time
+
+from ..exporter import text_parse
+from ..fleet.agent_client import open_agent
+from .answer import (JOB_ID, PRESENCE, Answer, ExplainError, Finding, rank, seconds,
+                     valid_window, xid_verdict)
+from .rules import RULES, Rule
+
+DEFAULT_URL = "http://127.0.0.1:9560/metrics"
+# what node mode reads at most of each page: a busy node's /metrics is tens
+# of MB; the job's series are a small part, but they are spread over it
+MAX_BYTES = 256 << 20
+
+
+def explain_node(url: str, job: str, window: str = "15m", node: str | None = None) -> Answer:
+    if not JOB_ID.match(job):
+        raise ExplainError(f"{job!r} is not a Slurm job id (digits)")
+    valid_window(window)
+    started = time.monotonic()
+    node = node or os.uname().nodename
+    metrics_url = url if url.rstrip("/").endswith("/metrics") else url.rstrip("/") + "/metrics"
+    samples = _samples(_read(metrics_url, "text/plain"))
+    mine = {name: [(lb, v) for lb, v in rows if lb.get("job_id") == job]
+            for name, rows in samples.items()}
+    present = any(mine.get(m) for m in PRESENCE)
+    answer = Answer(job, window, [node] if present else [], mode="node")
+    answer.queries = 1
+    if present:
+        answer.activity = {node: _activity(mine)}
+        for rule in RULES:
+            if rule.metric and rule.job_labelled:
+                answer.findings += _counted(rule, mine.get(rule.metric, []), node)
+        answer.findings += _stalled(mine.get("tracehound_workload_stalled", []), node)
+        events_url = metrics_url.removesuffix("/metrics") + "/events?kind=xid"
+        answer.findings += _xids(_read(events_url, "application/json"), window, node)
+        answer.queries = 2
+    answer.findings.sort(key=rank)
+    answer.seconds = round(time.monotonic() - started, 3)
+    return answer
+
+
+def _read(url: str, accept: str) -> str:
+    try:
+        with open_agent(url, 10.0, {"Accept": accept}) as r:
+            body = r.read(MAX_BYTES + 1)
+    except OSError as exc:
+        raise ExplainError(f"cannot read {url}: {getattr(exc, 'reason', exc)}") from None
+    if len(body) > MAX_BYTES:
+        raise ExplainError(f"{url}: more than {MAX_BYTES >> 20} MiB")
+    return body.decode("utf-8", "replace")
+
+
+def _samples(text: str) -> dict[str, list[tuple[dict, float]]]:
+    out: dict[str, list[tuple[dict, float]]] = {}
+    try:
+        for name, labels, value in text_parse.parse(text).samples:
+            out.setdefault(name, []).append((labels, value))
+    except ValueError as exc:
+        raise ExplainError(f"the agent's /metrics does not parse: {exc}") from None
+    return out
+
+
+def _activity(mine: dict) -> dict[str, float]:
+    def total(name: str, **match: str) -> float:
+        return round(sum(v for lb, v in mine.get(name, [])
+                         if all(lb.get(k, "") == x for k, x in match.items())), 3)
+    out = {"read_bytes": total("tracehound_io_read_bytes_total"),
+           "write_bytes": total("tracehound_io_write_bytes_total")}
+    # the job's own cgroup only: CPU is exported at job, step and task level too
+    if any(lb.get("step", "") == "" for lb, _v in mine.get("tracehound_cgroup_cpu_seconds_total",
+                                                          [])):
+        out["cpu_seconds"] = total("tracehound_cgroup_cpu_seconds_total", step="")
+    return out
+
+
+def _counted(rule: Rule, rows: list, node: str) -> list[Finding]:
+    sums: dict[tuple, float] = {}
+    for labels, value in rows:
+        if all(labels.get(k) == v for k, v in rule.match):
+            key = tuple(labels.get(k, "") for k in rule.by)
+            sums[key] = sums.get(key, 0.0) + value
+    out = []
+    for key, value in sums.items():
+        if value > 0:
+            words = dict(zip(rule.by, key))
+            out.append(Finding(rule.name, rule.severity, node, words, round(value, 6),
+                               rule.says.format(value=value, **words), rule.action))
+    return out
+
+
+def _stalled(rows: list, node: str) -> list[Finding]:
+    rule = next(r for r in RULES if r.name == "job_stalled")
+    if not any(v >= 1 for _lb, v in rows):
+        return []
+    return [Finding(rule.name, rule.severity, node, {}, 1.0, rule.says + " (now)", rule.action)]
+
+
+def _xids(text: str, window: str, node: str) -> list[Finding]:
+    """XID events of the agent's log within the window, one finding per GPU and XID."""
+    try:
+        events = json.loads(text)["events"]
+    except (ValueError, KeyError, TypeError):
+        raise ExplainError(f"the agent's /events is not an event list ({text[:80]!r})") from None
+    rule = next(r for r in RULES if r.name == "gpu_xid")
+    after = time.time() - seconds(window)
+    seen: dict[tuple[str, str], list[float]] = {}
+    for event in events if isinstance(events, list) else []:
+        if not isinstance(event, dict) or event.get("kind") != "xid":
+            continue
+        when = _epoch(event.get("time"))
+        xid = str(event.get("xid", ""))
+        if when is not None and when >= after and xid.isdigit():
+            seen.setdefault((str(event.get("pci_bus_id", "")), xid), []).append(when)
+    out = []
+    for (bus, xid), times in seen.items():
+        words = {"pci_bus_id": bus, "xid": xid}
+        severity, action = xid_verdict(xid)
+        out.append(Finding(rule.name, severity, node, words, float(len(times)),
+                           rule.says.format(value=len(times), **words), action,
+                           since=min(times)))
+    return out
+
+
+def _epoch(text) -> float | None:
+    try:
+        return datetime.datetime.fromisoformat(str(text)).timestamp()
+    except ValueError:
+        return None
