@@ -155,3 +155,14 @@ def test_one_node_or_the_fleet_not_both(capsys):
 def test_an_agent_that_does_not_answer_is_said_so(capsys):
     assert cli.main(["explain", "7", "--url", "http://127.0.0.1:9/metrics"]) == 2
     assert "cannot read http://127.0.0.1:9/metrics" in capsys.readouterr().out
+
+
+def test_names_from_the_node_cannot_drive_the_terminal():
+    # a user named a mount point with a clear-screen and a line of its own
+    mount = "/scratch\x1b[2J\n1. [5] n9: all is lost\u202e"
+    f = answer.Finding("write_errors", 4, "n1", {"mountpoint": mount}, 2,
+                       f"2 failed write call(s) on {mount}", "check")
+    out = render.text(answer.Answer("12", "15m", ["n1"], [f]), "http://prom:9090")
+    assert "\x1b" not in out and "\u202e" not in out
+    assert "/scratch\\x1b[2J\\n1. [5] n9: all is lost\\u202e" in out
+    assert len(out.splitlines()) == 4       # head, n1's activity, the finding, what to do

@@ -29,14 +29,28 @@ def _cpu(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds:.1f} s"
 
 
+def _shown(line: str) -> str:
+    """A line of the answer with every character that would not print as its
+    Python escape: node names, mounts and devices come from the node, where
+    any user can name a cgroup or a mount, and must not drive the terminal."""
+    if line.isprintable():
+        return line
+    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
+                   for c in line)
+
+
 def text(answer: Answer, url: str) -> str:
+    return "\n".join(_shown(line) for line in _lines(answer, url))
+
+
+def _lines(answer: Answer, url: str) -> list[str]:
     when = (f"last {answer.window}" if answer.mode == "fleet" else
             f"over its life on this node (GPU XIDs: last {answer.window})")
     head = (f"job {answer.job}: " + (f"{len(answer.nodes)} node(s) ({', '.join(answer.nodes)})"
                                      if answer.nodes else "no node has series of it")
             + f", {when}, asked {url} ({answer.queries} queries, {answer.seconds:.2f} s)")
     if not answer.nodes:
-        return head + "\nnothing known: the job ran nowhere an agent watched in that window"
+        return [head, "nothing known: the job ran nowhere an agent watched in that window"]
     lines = [head]
     for node in answer.nodes:
         did = answer.activity.get(node, {})
@@ -45,12 +59,12 @@ def text(answer: Answer, url: str) -> str:
     if answer.mode == "node":
         lines.append("  (one node alone: a node unlike the job's others needs --prometheus)")
     if not answer.findings:
-        return "\n".join(lines + ["nothing abnormal"])
+        return lines + ["nothing abnormal"]
     for i, f in enumerate(answer.findings, 1):
         # an outlier's own words say how it compares with the job's other nodes
         lines.append(f"{i}. [{f.severity}] {f.node}: {f.says}{_when(f.since)}")
         lines.append(f"   what to do: {f.action}")
-    return "\n".join(lines)
+    return lines
 
 
 def as_json(answer: Answer) -> str:
