@@ -280,6 +280,9 @@ def main() -> int:
     ap.add_argument("--scrape", type=float, default=5)
     ap.add_argument("--out", default=os.path.join(HERE, "report"))
     args = ap.parse_args()
+    # the tree that runs: stamped before the run, not after it
+    commit = subprocess.run(["git", "-C", ROOT, "describe", "--always", "--dirty"],
+                            capture_output=True, text=True).stdout.strip() or "unknown"
     # stopped early (Ctrl-C, or TERM from a supervisor): the cluster still goes down
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda n, _f: sys.exit(128 + n))
@@ -312,8 +315,6 @@ def main() -> int:
         agents.forget()
         shutil.rmtree(run_dir, ignore_errors=True)
         shutil.rmtree(prom_dir, ignore_errors=True)
-    commit = subprocess.run(["git", "-C", ROOT, "describe", "--always", "--dirty"],
-                            capture_output=True, text=True).stdout.strip() or "unknown"
     meta = {"commit": commit, "machine": machine(), "nodes": 3, "scrape_s": args.scrape,
             "seconds": args.seconds, "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     s = summary(result)

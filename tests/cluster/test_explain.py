@@ -5,7 +5,9 @@ engine injects on one of its nodes through Slurm.
 - before the fault the job is found on its three nodes with nothing abnormal;
 - after one of its processes is killed on one node, the kill is the first
   finding, on that node, with its evidence and since when; the other nodes
-  have none;
+  have none; a GPU error on a second node ranks below it, and a rank stopped
+  for a while on the third between them (as bad as the kill, but later);
+  each node's own agent, asked on the node, names its own;
 - a job whose ranks all write: one rank's writes throttled on its disk
   (v1 blkio, as Slurm's cgroup/v1 plugin leaves the job no cgroup v2 of
   its own) makes that node the job's slow one, and the throttle's rollback
@@ -128,6 +130,19 @@ def test_a_killed_rank_is_the_first_finding_on_its_node_and_before_it_nothing_is
         assert local["mode"] == "node" and local["nodes"] == [node], local
         assert [f["rule"] for f in local["findings"]] == rules, (node, local["findings"])
         assert all(f["node"] == node for f in local["findings"])
+
+    # then the third node's rank stopped for a while and resumed: the job's
+    # processes are read in its v1 cgroups (the v2 tree has them at the root)
+    done = run_fleet(cluster, fleet_argv("job-proc-stop.yaml", tmp_path / "stop", "--job",
+                                         job.id, "--nodes", quiet),
+                     env={"CHAOS_HOLD_SECONDS": "3"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    three = poll(lambda: (lambda a: a if len(a["findings"]) > 2 else None)(
+        answer(cluster, fleet_prometheus, job.id)), "a third finding after the stop")
+    assert [(f["rule"], f["node"]) for f in three["findings"]] == \
+        [("killed_by_signal", victim), ("stopped_processes", quiet), ("gpu_xid", gpu_node)]
+    assert three["findings"][1]["value"] == 1
+    assert job.state(quiet) in ("S", "R")       # resumed by the rollback
 
 
 def test_a_throttled_rank_is_the_jobs_slow_node_and_gets_its_cgroup_back(

@@ -212,8 +212,8 @@ def test_job_run_hits_only_that_jobs_processes_on_its_nodes(cluster, jobs, tmp_p
          lambda: {n: target.state(n) for n in two})
     assert [bystander.state(n) for n in two] == ["S", "S"]
     output = launcher.communicate(timeout=120)[0]
-    # every node completed; the gap is in the report: the agents here read
-    # process states from the v2 tree, where cgroup/v1 Slurm leaves jobs at the root
+    # every node completed, and each node's agent saw the job's stopped
+    # processes in the job's v1 cgroup (cgroup/v1 Slurm leaves them at the v2 root)
     assert launcher.returncode == 0, output
     report = fleet_report(tmp_path)
     assert report["plan"]["how"] == "job" and report["landed"] == two, output
@@ -225,7 +225,7 @@ def test_job_run_hits_only_that_jobs_processes_on_its_nodes(cluster, jobs, tmp_p
         [hit] = fault["targets"]
         assert hit.startswith(f"pid {target.pids[node]} "), fault["targets"]
         [agent] = info["detections"]
-        assert agent["detected"] is False and "job id " + target.id in agent["note"], agent
+        assert agent["detected"] is True and "job id " + target.id in agent["note"], agent
         assert target.state(node) == "S" and bystander.state(node) == "S"   # thawed; untouched
     assert cluster.nodes[2] not in report["nodes"]
     assert glob.glob(str(tmp_path / "reports" / "fleet-*" / "nodes" / two[0] / "srun.log"))

@@ -135,3 +135,31 @@ def test_subsystem_without_psi_gets_a_reason(tmp_path, monkeypatch):
     s.start()
     assert "pressure stall" in s.reason and s.collectors() == []
     assert s.status_lines() == [f"pressure: not available ({s.reason})"]
+
+
+def test_slurm_v1_jobs_states_come_from_their_v1_cgroups_once(tmp_path):
+    # a hybrid host with Slurm's cgroup/v1 plugin: the job's processes sit at
+    # the v2 root and in the freezer's slurm_<node>/uid_U/job_J/step_S/task_T
+    root, procs = fake_host(tmp_path)
+    v1 = tmp_path / "freezer"
+    cgroup(v1, "/", pids=[1, 40], psi=False)
+    task = "/slurm_n1/uid_0/job_5/step_0/task_0"
+    for rel, pids in (("/slurm_n1", []), ("/slurm_n1/uid_0", []), ("/slurm_n1/uid_0/job_5", []),
+                      ("/slurm_n1/uid_0/job_5/step_0", []), (task, [40]),
+                      ("/slurm_n2/uid_0/job_6/step_0/task_0", [41])):
+        cgroup(v1, rel, pids=pids, psi=False)
+    proc(procs, 40, "T")
+    proc(procs, 41, "T")
+    key = Owners(Cgroups(str(v1)), WorkloadResolver(job_id_source=None, pod_source=None),
+                 scope="/slurm_n1")
+    m = scrape(PressureCollector(root, owners(root), 100, procs, jobs_v1=key))
+    gauge = "tracehound_cgroup_processes"
+    stopped = {dict(k[1]).get("cgroup"): v for k, v in m.items()
+               if k[0] == gauge and ("state", "stopped") in k[1]}
+    # the job's task under its job (v1), the v2 job as before; not the other
+    # node's job, and the v1 root (every other process) is not read
+    assert stopped == {task: 1, JOB: 1}, stopped
+    job5 = next(k for k in m if k[0] == gauge and ("cgroup", task) in k[1])
+    assert ("job_id", "5") in job5[1] and ("step", "0") in job5[1]
+    assert not any(("cgroup", "/") in k[1] and k[0] == gauge and ("state", "stopped") in k[1]
+                   for k in m)

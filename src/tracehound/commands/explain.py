@@ -7,15 +7,17 @@ def add_parser(sub, hook=None) -> None:
         "explain", help="what is wrong with a job, ranked, across its nodes",
         description="Asks the fleet's Prometheus every rule in tracehound.explain.rules "
                     "(OOM kills, processes killed by a signal, GPU XIDs on the job's nodes, "
-                    "I/O, fsync and RDMA verb errors, a stalled job, a node with more TCP "
-                    "retransmissions or slower writes than the job's others) for one Slurm "
-                    "job over a window, and ranks what holds: the worst first, and among "
-                    "equals the earliest, so the top line is the likeliest cause. Prints "
+                    "I/O, fsync and RDMA verb errors, stopped processes, a stalled job, a node "
+                    "with more TCP retransmissions or slower writes than the job's others) "
+                    "for one Slurm job over a window, and ranks what holds: the worst "
+                    "first, and among equals the earliest, so the top line is the likeliest "
+                    "cause. Prints "
                     "what the job did on each node (bytes read and written, CPU) above the "
                     "findings, or 'nothing abnormal'. Without --prometheus it asks this "
                     "node's agent (--url) instead: the counting rules over the job's life "
-                    "on this node, GPU XIDs from the agent's event log within the window, a "
-                    "stall now; comparing a node with the job's others needs Prometheus. "
+                    "on this node, GPU XIDs from the agent's event log within the window, "
+                    "stopped processes and a stall now; comparing a node with the job's "
+                    "others needs Prometheus. "
                     "Exit 0 answered, 2 the question could not be asked (bad input, "
                     "Prometheus or the agent unreachable).")
     p.add_argument("job", help="Slurm job id")

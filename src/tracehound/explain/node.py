@@ -9,7 +9,8 @@ over a window. Two rules read something else:
   gpu_xid      the node's GPU counters are as old as the agent: an XID
                counts when the agent's event log holds it within --window,
                and says when it came;
-  job_stalled  the stalled gauge now (is it stalled, not was it).
+  job_stalled, stopped_processes
+               the gauges now (is it stalled, not was it).
 
 The comparing rules (one node unlike the job's others) need the other
 nodes: fleet mode only. Two reads of the agent: /metrics, /events.

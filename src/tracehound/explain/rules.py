@@ -101,6 +101,13 @@ RULES: tuple[Rule, ...] = (
          (), "grew", "the job's processes made no progress (no I/O, no network) while it was "
          "meant to run", "look for stopped processes (state T), a hung collective, or a "
          "dead peer; the node's /events has when it stalled and resumed"),
+    Rule("stopped_processes", 4,
+         "sum by ({by}) (max_over_time(tracehound_cgroup_processes{" + JOB
+         + ',state="stopped"}[' + WIN + "]))",
+         (), "grew", "{value:g} process(es) of the job stopped (state T)",
+         "something sent SIGSTOP (a debugger, a user's Ctrl-Z, a watchdog, a chaos run) and "
+         "the job's other ranks wait on it; SIGCONT resumes it",
+         metric="tracehound_cgroup_processes", match=(("state", "stopped"),)),
     Rule("tcp_retransmits", 3,
          "sum by ({by}) (" + grew("tracehound_net_tcp_retransmits_total", JOB) + ")",
          (), "outlier", "{value:g} TCP retransmissions, {ratio} the job's other nodes",

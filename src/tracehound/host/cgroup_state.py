@@ -163,9 +163,11 @@ def read_cgroup(directory: str, rel: str, cgroup_id: int, proc_root: str = "/pro
 
 
 def walk(root: str, max_cgroups: int, proc_root: str = "/proc",
-         pid_limit: int = MAX_PIDS) -> Walk:
+         pid_limit: int = MAX_PIDS, read_if=None) -> Walk:
     """Every populated cgroup under `root` (itself included), at most
-    `max_cgroups` directories visited."""
+    `max_cgroups` directories visited; with `read_if(path)`, only the
+    cgroups it wants are read (a v1 root holds every other process of the
+    host: reading their states would be wasted)."""
     out = Walk()
     try:
         root_id = os.stat(root).st_ino
@@ -185,7 +187,8 @@ def walk(root: str, max_cgroups: int, proc_root: str = "/proc",
                               if e.is_dir(follow_symlinks=False))
         except OSError:
             continue        # removed while we walk
-        out.cgroups.append(read_cgroup(directory, rel, cgid, proc_root, pid_limit))
+        if read_if is None or read_if(rel):
+            out.cgroups.append(read_cgroup(directory, rel, cgid, proc_root, pid_limit))
         for name, ino in children:
             pending.append((os.path.join(directory, name), rel.rstrip("/") + "/" + name, ino))
     return out

@@ -25,8 +25,11 @@ class PressureSubsystem(Subsystem):
         root = owners.root
         self.reason = psi_absent(root)
         if self.reason is None:
+            # Slurm's cgroup/v1 jobs on a hybrid host: their states from the key hierarchy
+            jobs_v1 = self.ctx.owners if owners is not self.ctx.owners else None
             self._collector = PressureCollector(root, owners,
-                                                self.ctx.config.pressure_max_cgroups)
+                                                self.ctx.config.pressure_max_cgroups,
+                                                jobs_v1=jobs_v1)
 
     def collectors(self) -> list:
         return [self._collector] if self._collector is not None else []
@@ -34,8 +37,11 @@ class PressureSubsystem(Subsystem):
     def status_lines(self) -> list[str]:
         if self._collector is None:
             return super().status_lines()
-        return [f"pressure: PSI and process states of up to "
-                f"{self._collector.max_cgroups} cgroups under {self._collector.root}"]
+        line = (f"pressure: PSI and process states of up to {self._collector.max_cgroups} "
+                f"cgroups under {self._collector.root}")
+        if self._collector.jobs_v1 is not None:
+            line += f", and the states of jobs' cgroups under {self._collector.jobs_v1.root}"
+        return [line]
 
     @classmethod
     def doctor(cls, hook_mode: str) -> DoctorReport:

@@ -128,8 +128,8 @@ class ProcStop(_ProcessFault):
         q = f'tracehound_cgroup_processes{{{key}="{value}",state="stopped"}}'
         return Detection(query=q, signal="value", predicate="> 0", promql=f"sum({q})",
                          note=f"stopped processes in {key.replace('_', ' ')} {value} (after "
-                              "--stall-after, also a job_stalled event; process states are "
-                              "read from the cgroup v2 tree)")
+                              "--stall-after, also a job_stalled event; a job's process "
+                              "states are read from its own cgroup, v2 or the v1 key's)")
 
     def rollback(self, state):
         keep = set(state.get("stopped_before", ()))
