@@ -13,9 +13,11 @@ Every job is explained while it runs and again after it ended (window 5m):
 in process (the answer's own seconds and query count) and through the CLI
 (what a user waits for, interpreter start included). In the same run, the
 floor: one instant query to the same Prometheus. The bar is 0 findings and
-an answer within 2 s for a job on 3 nodes.
+an answer within 2 s for a job on 3 nodes. Then, unless --no-faults, one
+fault at a time on one node of a fresh job (bench/explain_faults.py): how
+soon explain ranks it first.
 
-    sudo .venv/bin/python bench/explain.py [--seconds 600] [--scrape 5]
+    sudo .venv/bin/python bench/explain.py [--seconds 600] [--scrape 5] [--no-faults]
 
 Writes explain.md, explain.json and explain.png to bench/report (--out).
 """
@@ -36,6 +38,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path[:0] = [HERE, ROOT, os.path.join(ROOT, "src")]
 from detection import machine  # noqa: E402
+from explain_faults import markdown as faults_markdown, run_faults  # noqa: E402
 from tests import prometheus_server  # noqa: E402
 from tests.cluster.conftest import Agents  # noqa: E402
 from tests.cluster.slurm import PARTITION, Cluster  # noqa: E402
@@ -279,6 +282,8 @@ def main() -> int:
     ap.add_argument("--wave", type=float, default=40, help="seconds each wave's jobs run")
     ap.add_argument("--scrape", type=float, default=5)
     ap.add_argument("--out", default=os.path.join(HERE, "report"))
+    ap.add_argument("--no-faults", action="store_true",
+                    help="the healthy soak only (bench/explain_faults.py after it by default)")
     args = ap.parse_args()
     # the tree that runs: stamped before the run, not after it
     commit = subprocess.run(["git", "-C", ROOT, "describe", "--always", "--dirty"],
@@ -306,6 +311,8 @@ def main() -> int:
         with prometheus_server.serving(prom_dir, config) as url:
             until(lambda: len(prometheus.query(url, "up == 1")) == 3, "three agents scraped")
             result = soak(cluster, url, args.seconds, args.wave, args.scrape)
+            result["faults"] = [] if args.no_faults else run_faults(
+                cluster, agents.bus_ids, url, lambda u, j: explain(u, j, WINDOW, "node"), until)
     finally:
         subprocess.run(["scancel", "--full", "--quiet", f"--partition={PARTITION}"],
                        env=cluster.env(), capture_output=True, timeout=30)
@@ -322,10 +329,12 @@ def main() -> int:
     with open(os.path.join(args.out, "explain.json"), "w") as f:
         json.dump({"meta": meta, "summary": s, **result}, f, indent=1)
     with open(os.path.join(args.out, "explain.md"), "w") as f:
-        f.write(markdown(meta, s, result))
+        f.write(markdown(meta, s, result) + "\n".join(
+            faults_markdown(result["faults"], args.scrape) if result["faults"] else []))
     plot(result, os.path.join(args.out, "explain.png"))
     print(json.dumps(s, indent=1))
-    return 0 if s["findings"] == 0 and not result["failed"] else 1
+    missed = [r["fault"] for r in result["faults"] if r["ranked_first_s"] is None]
+    return 0 if s["findings"] == 0 and not result["failed"] and not missed else 1
 
 
 if __name__ == "__main__":

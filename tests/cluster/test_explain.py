@@ -181,5 +181,15 @@ def test_a_throttled_rank_is_the_jobs_slow_node_and_gets_its_cgroup_back(
         assert first["outlier"] and first["since"] >= started - 2.5, (first, started)
         assert "the job's other nodes" in first["says"], first["says"]
         assert {f["node"] for f in own(after)} == {victim}, after["findings"]
+        # the timeline: one scale for the three nodes' write latency, where
+        # only the throttled rank reaches the top
+        picture = tmp_path / "job.png"
+        drawn = explain(cluster, fleet_prometheus, job.id, "--timeline", "--plot",
+                        str(picture)).stdout.splitlines()
+        assert picture.read_bytes()[:4] == b"\x89PNG"
+        at = next(i for i, ln in enumerate(drawn) if ln.startswith("  write latency (top "))
+        rows = {ln.split()[0]: ln.split("|")[1] for ln in drawn[at + 1:at + 4]}
+        assert sorted(rows) == cluster.nodes, drawn
+        assert [n for n, row in rows.items() if "█" in row] == [victim], drawn
     finally:
         shutil.rmtree(data, ignore_errors=True)

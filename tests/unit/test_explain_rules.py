@@ -1,13 +1,15 @@
-"""explain's judgement of the answers Prometheus gave: which nodes are
-outliers among a job's, how a finding reads, and how they rank."""
+"""explain's judgement of the answers Prometheus (or one agent) gave: which
+nodes are outliers among a job's, how a finding reads and ranks, node mode's
+sums, and the timeline drawn as text and as a picture."""
 import datetime
 import json
+import sys
 import time
 
 import pytest
 
 from tracehound import cli
-from tracehound.explain import answer, fleet, node, render
+from tracehound.explain import answer, fleet, node, plot, render, timeline
 from tracehound.explain.rules import RULES, fill
 
 SLOW = next(r for r in RULES if r.name == "slow_writes")
@@ -166,3 +168,68 @@ def test_names_from_the_node_cannot_drive_the_terminal():
     assert "\x1b" not in out and "\u202e" not in out
     assert "/scratch\\x1b[2J\\n1. [5] n9: all is lost\\u202e" in out
     assert len(out.splitlines()) == 4       # head, n1's activity, the finding, what to do
+
+
+def test_a_timeline_row_puts_each_sample_in_its_column_and_leaves_gaps_blank():
+    series = [({"node": "a"}, [(100.0, 1.0), (110.0, 2.0), (float(100 + 10 * 59), 3.0)]),
+              ({"node": "b"}, [(120.0, float("nan"))])]
+    rows = timeline.collect(series, 100.0, 10.0, "node")
+    assert rows["a"][:3] == [1.0, 2.0, None] and rows["a"][59] == 3.0
+    assert rows["b"] == [None] * timeline.COLUMNS
+
+
+def test_one_scale_per_signal_makes_the_unlike_node_stand_out():
+    slow, fast = [0.2] * 4, [0.002] * 4
+    top = max(slow + fast)
+    assert timeline.bar(slow, top) == "████"
+    assert timeline.bar(fast, top) == "▂▂▂▂"           # above zero, far below the top
+    assert timeline.bar([0.0, None, 0.1], top) == "▁ ▅"
+
+
+def test_the_drawing_marks_each_finding_where_it_began():
+    cols = timeline.COLUMNS
+    tl = {"write latency": {"n1": [0.002] * cols, "n3": [0.002] * 30 + [0.2] * (cols - 30)},
+          "retransmits": {"n1": [0.0] * cols}}
+    f = answer.Finding("slow_writes", 2, "n3", {"mountpoint": "/"}, 0.07, "x", "y",
+                       since=1000.0 + 30 * 5)
+    lines = timeline.draw(tl, 1000.0, 5.0, [f])
+    assert lines[1] == "  write latency (top 200.0 ms)"
+    assert lines[3].startswith("    n3   |" + "▂" * 30 + "█")
+    assert lines[-1] == "    " + " " * 4 + "  " + " " * 30 + "1"
+    assert not any("retransmits" in ln for ln in lines)     # flat at zero: left out
+
+
+def test_the_timeline_fills_one_label_without_filling_it_twice():
+    q = timeline.query("stopped", 'job_id="5"', "RANGE", 5)
+    assert q == 'sum by (RANGE) (tracehound_cgroup_processes{job_id="5",state="stopped"})'
+    assert "[30s]" in timeline.query("write", 'job_id="5"', "node", 5)
+
+
+def test_the_timeline_needs_prometheus(capsys):
+    assert cli.main(["explain", "7", "--timeline"]) == 2
+    assert "--timeline and --plot need --prometheus" in capsys.readouterr().out
+
+
+def test_the_plot_draws_the_nodes_and_marks_the_findings(tmp_path):
+    cols = timeline.COLUMNS
+    a = answer.Answer("12", "5m", ["n1", "n3"], timeline_start=1000.0, timeline_step=5.0,
+                      timeline={"write latency": {"n1": [0.002] * cols,
+                                                  "n3": [0.002] * 30 + [0.2] * (cols - 30)},
+                                "stopped": {"n1": [0.0] * cols}})
+    a.findings = [answer.Finding("slow_writes", 2, "n3", {}, 0.07, "slow", "y", since=1150.0)]
+    path = tmp_path / "job.png"
+    plot.write(a, str(path))
+    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_a_job_that_moved_nothing_has_no_plot(tmp_path):
+    a = answer.Answer("12", "5m", ["n1"], timeline={"write": {"n1": [None] * 60}})
+    with pytest.raises(answer.ExplainError, match="moved nothing"):
+        plot.write(a, str(tmp_path / "x.png"))
+
+
+def test_without_matplotlib_the_plot_says_how_to_get_it(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    a = answer.Answer("12", "5m", ["n1"], timeline={"write": {"n1": [1.0] * 60}})
+    with pytest.raises(answer.ExplainError, match=r"pip install 'tracehound\[bench\]'"):
+        plot.write(a, str(tmp_path / "x.png"))

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import rdma_guest_checks as rg
 from chaos_guest_run import HOST_MPL_CACHE, MPL_DIR, ChaosRun, judge, lifted_after
+from explain_guest import JobWriter, explain_ranks_first, job_cgroup, remove_job_cgroup
 
 VERBS_CGROUP = "/thchaos-rdma"
 LINK_NETNS, PEER_NETNS, LINK_IF, LINK_RXE = "thchaos-rdma-a", "thchaos-rdma-b", "thrdma0", "rxe1"
@@ -106,7 +107,8 @@ def memlock_limits(pid: int):
 
 def memlock_experiment(c: rg.Checks, agent: rg.Agent) -> None:
     wrap = [*rg.NO_CAP_IPC_LOCK, "prlimit", f"--memlock={MEMLOCK}:{MEMLOCK}"]
-    app = Workload("memlock", wrap=wrap)
+    # the verbs loop is a rank of job 4243, which explain is then asked about
+    app = Workload("memlock", cgroup=job_cgroup("4243"), wrap=wrap)
     try:
         before = memlock_limits(app.pid)
         run = ChaosRun("rdma-memlock.yaml", {"TRACEHOUND_METRICS_URL": agent.url,
@@ -118,9 +120,12 @@ def memlock_experiment(c: rg.Checks, agent: rg.Agent) -> None:
         c.record("memlock_event_detected", event.get("detected") is True
                  and (event.get("event") or {}).get("errno") == "ENOMEM",
                  f"detection {event}\n{run.context()}")
+        explain_ranks_first(c, "memlock_explained", agent.url, "4243",
+                            ("rdma_verb_errors", "rdma_app_verb_errors"), {"errno": "ENOMEM"})
         run.cleanup()
     finally:
         app.stop()
+        remove_job_cgroup("4243")
 
 
 def rdma_max() -> str | None:
@@ -312,9 +317,19 @@ def io_errors_run(agent: rg.Agent, cgroup: str, env: dict | None = None) -> tupl
 
 
 def io_errors_experiment(c: rg.Checks, agent: rg.Agent) -> None:
-    before, run = io_errors_run(agent, IO_CGROUP)
-    judge(c, "io_errors", run, before, ("0 65536 error", "0 65536 error"), dm_state())
-    run.cleanup()
+    if not os.path.exists(f"/dev/mapper/{DM_NAME}"):
+        make_dm_device()
+    # a rank of job 4244 checkpoints to the same disk: explain names its failed writes
+    rank = JobWriter(job_cgroup("4244"), DM_MOUNT)
+    try:
+        before, run = io_errors_run(agent, IO_CGROUP)
+        judge(c, "io_errors", run, before, ("0 65536 error", "0 65536 error"), dm_state())
+        explain_ranks_first(c, "io_errors_explained", agent.url, "4244", "write_errors",
+                            {"mountpoint": DM_MOUNT})
+        run.cleanup()
+    finally:
+        rank.stop()
+        remove_job_cgroup("4244")
 
 
 def io_flakey_experiment(c: rg.Checks, agent: rg.Agent) -> None:

@@ -75,6 +75,10 @@ class GuestBoot:
         whole = next((r for r in self.results.values() if isinstance(r, harness.VmResult)), None)
         parts = [f"VM, one boot: {whole.total_seconds:.0f} s in all, "
                  f"{whole.boot_seconds:.0f} s to boot" if whole else "VM: no scenario ran"]
+        oops = self.base / harness.OOPS_NOTE
+        if oops.exists():
+            parts.insert(0, "first boot ended: " + oops.read_text().splitlines()[0]
+                         + " (booted again)")
         lanes: dict[str, list[str]] = {}
         for sc in booted:
             seconds = (self.base / sc.name / "seconds")

@@ -11,7 +11,9 @@ EXPERIMENTS = ["memlock", "rdma_cgroup", "link_down", "io_throttle", "netem_loss
 CHECKS = [f"{name}_{what}" for name in EXPERIMENTS
           for what in ("detected", "fault_applied", "rolled_back")]
 CHECKS += ["memlock_event_detected",
-           "netem_loss_tracehound_detected", "netem_delay_tracehound_detected"]
+           "netem_loss_tracehound_detected", "netem_delay_tracehound_detected",
+           # `tracehound explain` (node mode) ranks the fault first for the job it hit
+           "memlock_explained", "io_errors_explained"]
 
 
 GUEST = harness.guest_script("chaos_guest_checks.py", timeout=900, name="chaos")

@@ -33,6 +33,12 @@ def add_parser(sub, hook=None) -> None:
                    help="how far back to look (default 15m)")
     p.add_argument("--node-label", default="instance", metavar="LABEL",
                    help="with --prometheus: the label that names a node (default instance)")
+    p.add_argument("--timeline", action="store_true",
+                   help="with --prometheus: the job's signals per node over the window (write "
+                        "and read bandwidth, write latency, TCP retransmissions, stopped "
+                        "processes; 5 more queries), the findings marked where they began")
+    p.add_argument("--plot", metavar="FILE.png",
+                   help="with --prometheus: the timeline as a picture (needs matplotlib)")
     p.add_argument("--json", action="store_true", help="the answer as JSON")
     p.set_defaults(handler=cmd_explain)
 
@@ -46,11 +52,16 @@ def cmd_explain(args) -> int:
         print("tracehound: explain: --url and --node are for one node's agent; with "
               "--prometheus every node is asked", flush=True)
         return 2
+    if (args.timeline or args.plot) and not args.prometheus:
+        print("tracehound: explain: --timeline and --plot need --prometheus: the node's "
+              "agent keeps no history", flush=True)
+        return 2
     try:
         if args.prometheus:
             from ..explain.fleet import explain
             url = args.prometheus
-            answer = explain(url, args.job, args.window, args.node_label)
+            answer = explain(url, args.job, args.window, args.node_label,
+                             args.timeline or bool(args.plot))
         else:
             from ..explain.node import DEFAULT_URL, explain_node
             url = args.url or os.environ.get("TRACEHOUND_METRICS_URL") or DEFAULT_URL
@@ -58,5 +69,13 @@ def cmd_explain(args) -> int:
     except ExplainError as exc:
         print(f"tracehound: explain: {exc}", flush=True)
         return 2
-    print(render.as_json(answer) if args.json else render.text(answer, url), flush=True)
+    print(render.as_json(answer) if args.json else
+          render.text(answer, url, with_timeline=args.timeline), flush=True)
+    if args.plot:
+        from ..explain import plot
+        try:
+            plot.write(answer, args.plot)
+        except (ExplainError, OSError) as exc:      # the answer above stands
+            print(f"tracehound: explain: --plot {args.plot}: {exc}", flush=True)
+            return 2
     return 0

@@ -43,6 +43,10 @@ class Answer:
     queries: int = 0
     seconds: float = 0.0
     mode: str = "fleet"     # or "node": one agent, no Prometheus (node.py)
+    # --timeline: signal -> node -> one value per column (timeline.py)
+    timeline: dict[str, dict[str, list]] = field(default_factory=dict)
+    timeline_start: float = 0.0
+    timeline_step: float = 0.0
 
     def to_json(self) -> dict:
         return {**asdict(self), "findings": [asdict(f) for f in self.findings]}

@@ -14,6 +14,7 @@ import time
 from ..fleet import prometheus
 from .answer import (JOB_ID, PRESENCE, Answer, ExplainError, Finding, rank, seconds,
                      valid_window, xid_verdict)
+from . import timeline
 from .rules import RULES, Rule, fill, grew
 
 # what the job did on each node over the window. CPU is the job's own cgroup
@@ -42,7 +43,8 @@ class Asker:
         return prometheus.query_range(self.url, promql, start, end, step, timeout=self.timeout)
 
 
-def explain(url: str, job: str, window: str = "15m", node_label: str = "instance") -> Answer:
+def explain(url: str, job: str, window: str = "15m", node_label: str = "instance",
+            with_timeline: bool = False) -> Answer:
     if not JOB_ID.match(job):
         raise ExplainError(f"{job!r} is not a Slurm job id (digits)")
     valid_window(window)
@@ -59,11 +61,24 @@ def explain(url: str, job: str, window: str = "15m", node_label: str = "instance
             answer.activity = _activity(ask, job_sel, window, node_label)
             for rule in RULES:
                 answer.findings += _judge(ask, rule, job_sel, node_sel, window, node_label)
+            if with_timeline:
+                _timeline(ask, answer, job_sel, window, node_label)
     except prometheus.PrometheusError as exc:
         raise ExplainError(str(exc)) from None
     answer.findings.sort(key=rank)
     answer.queries, answer.seconds = ask.count, round(time.monotonic() - started, 3)
     return answer
+
+
+def _timeline(ask: Asker, answer: Answer, job_sel: str, window: str, label: str) -> None:
+    end = time.time()
+    span = seconds(window)
+    step = timeline.step_of(span)
+    start = end - (timeline.COLUMNS - 1) * step
+    answer.timeline_start, answer.timeline_step = start, step
+    for signal in timeline.SIGNALS:
+        series = ask.over(timeline.query(signal, job_sel, label, step), start, end, step)
+        answer.timeline[signal] = timeline.collect(series, start, step, label)
 
 
 def _nodes(ask: Asker, job_sel: str, window: str, label: str) -> list[str]:

@@ -4,6 +4,7 @@ from __future__ import annotations
 import datetime
 import json
 
+from . import timeline
 from .answer import Answer
 
 
@@ -39,11 +40,11 @@ def _shown(line: str) -> str:
                    for c in line)
 
 
-def text(answer: Answer, url: str) -> str:
-    return "\n".join(_shown(line) for line in _lines(answer, url))
+def text(answer: Answer, url: str, with_timeline: bool = True) -> str:
+    return "\n".join(_shown(line) for line in _lines(answer, url, with_timeline))
 
 
-def _lines(answer: Answer, url: str) -> list[str]:
+def _lines(answer: Answer, url: str, with_timeline: bool) -> list[str]:
     when = (f"last {answer.window}" if answer.mode == "fleet" else
             f"over its life on this node (GPU XIDs: last {answer.window})")
     head = (f"job {answer.job}: " + (f"{len(answer.nodes)} node(s) ({', '.join(answer.nodes)})"
@@ -56,6 +57,9 @@ def _lines(answer: Answer, url: str) -> list[str]:
         did = answer.activity.get(node, {})
         lines.append(f"  {node}: read {_bytes(did.get('read_bytes'))}, wrote "
                      f"{_bytes(did.get('write_bytes'))}, CPU {_cpu(did.get('cpu_seconds'))}")
+    if answer.timeline and with_timeline:
+        lines += timeline.draw(answer.timeline, answer.timeline_start, answer.timeline_step,
+                               answer.findings)
     if answer.mode == "node":
         lines.append("  (one node alone: a node unlike the job's others needs --prometheus)")
     if not answer.findings:
