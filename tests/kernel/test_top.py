@@ -151,8 +151,10 @@ def terminal_is_sane(screen: str, marker: str) -> bool:
 def assert_exited(tmux, marker: str, code: int, what: str) -> None:
     """top ended with `code` (the shell echoed MARKER=code, then ran
     `stty -a`), without a traceback, and left the terminal sane."""
-    screen = tmux.wait_for(lambda s: f"{marker}=" in s and "speed" in s.split(f"{marker}=", 1)[1],
-                           what)
+    # `stty -a` prints its lines one by one: wait for the one with the local
+    # modes (icanon or -icanon, then echo), not just its first line
+    screen = tmux.wait_for(lambda s: f"{marker}=" in s and re.search(
+        r"(?<![\w])-?icanon\b", s.split(f"{marker}=", 1)[1]) is not None, what)
     assert f"{marker}={code}" in screen and "Traceback" not in screen, screen
     assert terminal_is_sane(screen, f"{marker}={code}"), screen
 
