@@ -360,9 +360,13 @@ def test_rdma_link_down_on_a_veth(agent):
         for name in (ns, env["CHAOS_PEER_NETNS"]):
             subprocess.run(["ip", "netns", "del", name], capture_output=True)
     assert run.code == 0, run.err
-    # (the link is created down and set up by the experiment first)
-    assert [s for s in run.seen if s is not None][-3:] == [True, False, True], run.seen
+    # the kernel saw the link go down while the fault was in (the detection),
+    # and the watch saw it down and then up again at the end. The moment it is
+    # up before the fault (the example makes it down, then sets it up) can be
+    # shorter than the watch's pace on a loaded machine, so it is not required.
     assert_detected(run, "kernel-reports-link-down", by_tracehound=False)
+    states = [s for s in run.seen if s is not None]
+    assert False in states and states[-1] is True, run.seen
 
 
 def test_net_corrupt(agent):
