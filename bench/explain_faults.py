@@ -20,6 +20,8 @@ import sys
 import tempfile
 import time
 
+from detection import tracehound  # bench/ is on sys.path (bench/explain.py puts it there)
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLES = os.path.join(os.path.dirname(HERE), "examples", "fleet")
 
@@ -77,7 +79,7 @@ def _one(cluster, url, explain, until, data, fault, experiment, env, rule, node)
         until(lambda: all(explain(url, job).activity.get(n, {}).get("write_bytes", 0) > 0
                           for n in cluster.nodes), f"job {job} writing on every node")
         run = subprocess.Popen(
-            [*_tracehound(), "chaos", "run", os.path.join(EXAMPLES, experiment), "--slurm",
+            [*tracehound(), "chaos", "run", os.path.join(EXAMPLES, experiment), "--slurm",
              "--job", job, "--nodes", node, "--journal", os.path.join(work, "journal"),
              "--report", os.path.join(work, "reports"), "--no-plot", "--max-share", "100",
              "--yes"], env={**cluster.env(), **env}, stdout=subprocess.PIPE,
@@ -110,11 +112,6 @@ def _job_id(cluster, name: str) -> str | None:
     out = subprocess.run(["squeue", "-h", "-t", "R", "-n", name, "-o", "%i"],
                          env=cluster.env(), capture_output=True, text=True).stdout.split()
     return out[0] if len(out) == 1 else None
-
-
-def _tracehound() -> list[str]:
-    exe = shutil.which("tracehound", path=os.path.dirname(sys.executable))
-    return [exe] if exe else [sys.executable, "-m", "tracehound"]
 
 
 def markdown(rows: list[dict], scrape: float) -> list[str]:

@@ -85,10 +85,7 @@ def fetch(url: str, timeout: float) -> str:
 def parse_samples(text: str) -> dict[str, list[tuple[dict, float]]]:
     """The agent's exposition (exporter/text_parse.py: the one parser of it)
     as sample name -> [(labels, value)]."""
-    out: dict[str, list[tuple[dict, float]]] = {}
-    for name, labels, value in text_parse.parse(text).samples:
-        out.setdefault(name, []).append((labels, value))
-    return out
+    return text_parse.samples_by_name(text)
 
 
 def select_sum(samples: dict, name: str, sel: Selector) -> float | None:

@@ -59,17 +59,18 @@ class PressureCollector:
             "Resident memory of the cgroup's own processes, summed (pages two of them share "
             "count twice); no series for a cgroup without processes.", labels=owner)
         cut, shown = 0, set()
-        sources = [(walk, self.owners, False)]
+        sources = [(walk, self.owners)]
         if self.jobs_v1 is not None:
+            # read_if: only this node's job cgroups are read, and so returned
             sources.append((cgroup_state.walk(self.jobs_v1.root, self.max_cgroups,
                                               self.proc_root, read_if=self._a_job),
-                            self.jobs_v1, True))
-        for source, owners, jobs_only in sources:
+                            self.jobs_v1))
+        for source, owners in sources:
             for cg in source.cgroups:
                 if not owners.in_scope(cg.path):        # another node's (--cgroup-scope)
                     continue
                 labels = [cg.path, *owners.workload(cg.path)]
-                if (jobs_only and not self._a_job(cg.path)) or tuple(labels) in shown:
+                if tuple(labels) in shown:
                     continue
                 shown.add(tuple(labels))
                 for res in RESOURCES:
@@ -89,17 +90,17 @@ class PressureCollector:
             "tracehound_pressure_cgroups_truncated",
             "1 when the last walk of the cgroup tree stopped at --pressure-max-cgroups "
             "directories: cgroups beyond it have no pressure series.")
-        truncated.add_metric([], int(any(w.truncated for w, _o, _j in sources)))
+        truncated.add_metric([], int(any(w.truncated for w, _o in sources)))
         walked = GaugeMetricFamily("tracehound_pressure_cgroups",
                                    "Populated cgroups the last walk read.")
-        walked.add_metric([], sum(len(w.cgroups) for w, _o, _j in sources))
+        walked.add_metric([], sum(len(w.cgroups) for w, _o in sources))
         pids_cut = GaugeMetricFamily(
             "tracehound_pressure_processes_truncated",
             f"cgroups with more than {cgroup_state.MAX_PIDS} processes, whose states count "
             "the first ones only.")
         pids_cut.add_metric([], cut)
         # the paths of cgroups removed since are forgotten once no subsystem needs them
-        for w, owners, _j in sources:
+        for w, owners in sources:
             owners.retain(self.name, {cg.cgroup_id for cg in w.cgroups})
         yield stalled
         yield procs

@@ -73,13 +73,10 @@ def _read(url: str, accept: str) -> str:
 
 
 def _samples(text: str) -> dict[str, list[tuple[dict, float]]]:
-    out: dict[str, list[tuple[dict, float]]] = {}
     try:
-        for name, labels, value in text_parse.parse(text).samples:
-            out.setdefault(name, []).append((labels, value))
+        return text_parse.samples_by_name(text)
     except ValueError as exc:
         raise ExplainError(f"the agent's /metrics does not parse: {exc}") from None
-    return out
 
 
 def _activity(mine: dict) -> dict[str, float]:

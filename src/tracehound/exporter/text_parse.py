@@ -66,3 +66,12 @@ def parse(text: str, keep: tuple = ("",), skip: tuple = ()) -> Exposition:
                 labels[k] = _unescape(v) if "\\" in v else v
         samples.append((name, labels, float(value)))
     return out
+
+
+def samples_by_name(text: str) -> dict[str, list[tuple[dict, float]]]:
+    """The exposition as sample name -> [(labels, value)]: how the chaos
+    probes and explain's node mode read an agent."""
+    out: dict[str, list[tuple[dict, float]]] = {}
+    for name, labels, value in parse(text).samples:
+        out.setdefault(name, []).append((labels, value))
+    return out
