@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import shutil
 import signal
 import statistics
@@ -293,7 +294,11 @@ def main() -> int:
         signal.signal(sig, lambda n, _f: sys.exit(128 + n))
     run_dir = tempfile.mkdtemp(prefix="thbench-slurm-")
     cluster = Cluster(run_dir, 3, prefix="b")
-    agents = Agents(cluster, {n: f"f0{i}0:00:00.0" for i, n in enumerate(cluster.nodes, 1)})
+    # a PCI domain no machine has, new for every run: an earlier run's XID 79
+    # in the kernel log would keep a fixed bus id's GPU lost from the start
+    domain = 0x1000 + secrets.randbelow(0xe000)
+    agents = Agents(cluster, {n: f"{domain:04x}:{0x10 * i:02x}:00.0"
+                              for i, n in enumerate(cluster.nodes, 1)})
 
     def start_agents(c):
         for node in c.nodes:

@@ -2,7 +2,8 @@
 first, on its node.
 
 One fault at a time, each on one node of a fresh three-node job whose ranks
-checkpoint (a direct 256 KiB write every 0.2 s to a disk), injected by the
+checkpoint (a direct 256 KiB write every 0.2 s to a disk) and pass data round
+a ring over TCP, injected by the
 chaos engine through Slurm (`chaos run examples/fleet/... --slurm --job ID
 --nodes NODE`), while the job is explained over and over. The delay runs
 from the fault's apply (its node's clock, in the fleet report) to the first
@@ -25,10 +26,36 @@ from detection import tracehound  # bench/ is on sys.path (bench/explain.py puts
 HERE = os.path.dirname(os.path.abspath(__file__))
 EXAMPLES = os.path.join(os.path.dirname(HERE), "examples", "fleet")
 
-# a rank that checkpoints until its job ends
+# a rank of a training job until the job ends: it passes 32 KiB to the next
+# node's rank every 0.02 s round a ring over TCP (argv: dir, port,
+# node=address...) and checkpoints a direct 256 KiB write every 0.2 s
 CKPT = r'''
-import mmap, os, sys, time
-path = os.path.join(sys.argv[1], os.environ["SLURM_JOB_ID"] + "-" + os.uname().nodename)
+import mmap, os, socket, sys, threading, time
+me = os.uname().nodename
+addr = dict(a.split("=") for a in sys.argv[3:])
+order = [a.split("=")[0] for a in sys.argv[3:]]
+port = int(sys.argv[2])
+server = socket.create_server((addr[me], port))
+def drain():
+    conn, _ = server.accept()
+    while conn.recv(1 << 16):
+        pass
+def send():
+    nxt = order[(order.index(me) + 1) % len(order)]
+    while True:
+        try:
+            out = socket.create_connection((addr[nxt], port), timeout=5)
+            break
+        except OSError:
+            time.sleep(0.1)
+    out.settimeout(None)
+    chunk = b"x" * (1 << 15)
+    while True:
+        out.sendall(chunk)
+        time.sleep(0.02)
+for work in (drain, send):
+    threading.Thread(target=work, daemon=True).start()
+path = os.path.join(sys.argv[1], os.environ["SLURM_JOB_ID"] + "-" + me)
 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_DIRECT, 0o600)
 block = mmap.mmap(-1, 1 << 18)
 block.write(b"x" * (1 << 18))
@@ -38,13 +65,17 @@ while True:
     i += 1
     time.sleep(0.2)
 '''
-# fault, experiment, its environment, the rule that should rank first, which node
+# fault, experiment, its environment, the rules one of which should rank
+# first, which node
 FAULTS = (
-    ("proc.kill", "job-proc-kill.yaml", {}, "killed_by_signal", 1),
-    ("proc.stop", "job-proc-stop.yaml", {"CHAOS_HOLD_SECONDS": "5"}, "stopped_processes", 2),
-    ("io.throttle", "job-io-throttle.yaml", {"CHAOS_HOLD_SECONDS": "5"}, "slow_writes", 0),
-    # last: a GPU's XID is its node's, and would show in the jobs after it
-    ("gpu.xid", "../gpu-xid.yaml", {"CHAOS_XID": "79"}, "gpu_xid", 1),
+    ("proc.kill", "job-proc-kill.yaml", {}, ("killed_by_signal",), 1),
+    ("proc.stop", "job-proc-stop.yaml", {"CHAOS_HOLD_SECONDS": "5"}, ("stopped_processes",), 2),
+    ("io.throttle", "job-io-throttle.yaml", {"CHAOS_HOLD_SECONDS": "5"}, ("slow_writes",), 0),
+    ("net.loss", "node-net-loss.yaml", {"CHAOS_HOLD_SECONDS": "8", "CHAOS_LOSS_PERCENT": "20"},
+     ("node_tcp_retransmits",), 2),
+    # last: a GPU's XID is its node's, and would show in the jobs after it; a
+    # fatal one is as much the XID as the node's unfitness, equal in rank
+    ("gpu.xid", "../gpu-xid.yaml", {"CHAOS_XID": "79"}, ("gpu_xid", "node_unfit"), 1),
 )
 POLL_S = 0.25       # how often the answer is asked while the fault goes in
 
@@ -54,10 +85,10 @@ def run_faults(cluster, bus_ids: dict, url: str, explain, until) -> list[dict]:
     data = tempfile.mkdtemp(prefix="thbench-ckpt-", dir="/var/tmp")      # a disk, not tmpfs
     rows = []
     try:
-        for fault, experiment, env, rule, index in FAULTS:
+        for fault, experiment, env, rules, index in FAULTS:
             node = cluster.nodes[index]
             env = {**env, "CHAOS_DATA_DIR": data, "CHAOS_GPU_PCI": bus_ids[node]}
-            rows.append(_one(cluster, url, explain, until, data, fault, experiment, env, rule,
+            rows.append(_one(cluster, url, explain, until, data, fault, experiment, env, rules,
                              node))
             print(f"fault {fault} on {node}: ranked first after "
                   f"{rows[-1]['ranked_first_s']} s", flush=True)
@@ -66,12 +97,14 @@ def run_faults(cluster, bus_ids: dict, url: str, explain, until) -> list[dict]:
     return rows
 
 
-def _one(cluster, url, explain, until, data, fault, experiment, env, rule, node) -> dict:
+def _one(cluster, url, explain, until, data, fault, experiment, env, rules, node) -> dict:
     name = f"thbench-ckpt-{fault}"
+    ring = [f"{n}={cluster.state['addr_of'][n]}" for n in cluster.nodes]
+    port = str(20000 + FAULTS.index(next(f for f in FAULTS if f[0] == fault)))
     job_proc = subprocess.Popen(
         ["srun", f"--nodelist={','.join(cluster.nodes)}", f"--nodes={len(cluster.nodes)}",
          f"--ntasks={len(cluster.nodes)}", "--ntasks-per-node=1", f"--job-name={name}",
-         sys.executable, "-I", "-c", CKPT, data],
+         sys.executable, "-I", "-c", CKPT, data, port, *ring],
         env=cluster.env(), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     work = tempfile.mkdtemp(prefix="thbench-fault-")
     try:
@@ -88,7 +121,7 @@ def _one(cluster, url, explain, until, data, fault, experiment, env, rule, node)
         while first_at is None and time.monotonic() < deadline:
             answer = explain(url, job)
             lead = answer.findings[0] if answer.findings else None
-            if lead is not None and (lead.rule, lead.node) == (rule, node):
+            if lead is not None and lead.rule in rules and lead.node == node:
                 first_at, top = time.time(), lead
             else:
                 time.sleep(POLL_S)      # the pace of asking, not a wait for a condition
@@ -97,7 +130,8 @@ def _one(cluster, url, explain, until, data, fault, experiment, env, rule, node)
         with open(path) as f:
             report = json.load(f)
         applied = report["nodes"][node]["faults"][0]["applied_wall"]
-        return {"fault": fault, "node": node, "job": job, "rule": rule, "rc": run.returncode,
+        return {"fault": fault, "node": node, "job": job, "rule": top.rule if top else rules[0],
+                "rc": run.returncode,
                 "ranked_first_s": None if first_at is None else round(first_at - applied, 2),
                 "says": top.says if top else None,
                 "fleet_tail": output.strip().splitlines()[-1:] if run.returncode else []}

@@ -41,10 +41,11 @@ STATS_SYSCTL = Path("/proc/sys/kernel/bpf_stats_enabled")
 # tracepoint mode, and what bpf_stats reports for doing nothing.
 EMPTY = [str(REPO / ".venv/bin/python"), str(HERE / "empty_hooks.py")]
 LATENCY_OFF = ["--latency", "off"]
+LATENCY_EVERY = ["--latency", "every"]
 # seconds a round spends outside fio, measured on the reference VM: fio's own
 # start per run, and starting plus stopping each tracer
 FIO_START_S = 0.3
-TOOL_START_S = {"tracehound": 1.8, "tracehound-latoff": 1.8, "empty": 0.8, "empty-exit": 0.8,
+TOOL_START_S = {"tracehound": 1.8, "tracehound-every": 1.8, "tracehound-latoff": 1.8, "empty": 0.8, "empty-exit": 0.8,
                 "bpftrace": 3.5}
 
 
@@ -184,7 +185,9 @@ def main() -> int:
     signal.signal(signal.SIGHUP, bail)
 
     latency_off = agent_has_option(AGENT, "--latency")
-    conds = [c for c in CONDITIONS if c != "tracehound-latoff" or latency_off]
+    every = latency_off       # this tree has both
+    conds = [c for c in CONDITIONS if (c != "tracehound-latoff" or latency_off)
+             and (c != "tracehound-every" or every)]
     if not latency_off:
         log("`tracehound run --help` lists no --latency: the latency-off condition is left out")
     stats_fd = None
@@ -204,6 +207,9 @@ def main() -> int:
         agent_cmd = AGENT + ["--hook-mode", args.hook_mode]
         env = tree_env()
         tools["tracehound"] = Tool("tracehound", agent_cmd, r"serving metrics on", signal.SIGTERM, env)
+        if every:
+            tools["tracehound-every"] = Tool("tracehound-every", agent_cmd + LATENCY_EVERY,
+                                             r"serving metrics on", signal.SIGTERM, env)
         if latency_off:
             tools["tracehound-latoff"] = Tool("tracehound-latoff", agent_cmd + LATENCY_OFF,
                                               r"serving metrics on", signal.SIGTERM, env)

@@ -6,9 +6,11 @@ from pathlib import Path
 
 from overhead_report import LABELS, MAIN, TARGET_NET_NS, WORKLOADS, scale
 
-COLORS = {"baseline": "#666", "tracehound": "#2a7", "tracehound-latoff": "#9d8",
+COLORS = {"baseline": "#666", "tracehound": "#2a7", "tracehound-every": "#175",
+          "tracehound-latoff": "#9d8",
           "empty": "#89b", "empty-exit": "#bcd", "bpftrace": "#c64"}
-SHORT = {"baseline": "baseline", "tracehound": "th\nlat on", "tracehound-latoff": "th\nlat off",
+SHORT = {"baseline": "baseline", "tracehound": "th\nsampled", "tracehound-every": "th\nevery",
+         "tracehound-latoff": "th\nlat off",
          "empty": "empty\n×2", "empty-exit": "empty\nexit", "bpftrace": "bpftrace"}
 
 

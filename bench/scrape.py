@@ -223,6 +223,9 @@ def measure(args, impl: str, tree: Path, wl: Workload, kind: str, max_series: in
     cmd = [TRACEHOUND, "run", "--listen", "127.0.0.1:0", "--max-entries", max_entries]
     cmd += ["--max-series", max_series] if max_series else []
     cmd += ["--latency-histograms", histograms] if histograms else []
+    # the workload's cgroups are made in the v2 tree: on a hybrid host the
+    # agent's own choice would count by a v1 hierarchy, where they are one
+    cmd += ["--cgroup-key", "v2"] if impl == "new" else []
     rec = {"impl": impl, "kind": kind, "size": f"{wl.n}x{wl.m}", "cgroups": wl.n, "mounts": wl.m,
            "max_entries": max_entries, "max_series": max_series, "latency_histograms": histograms,
            "command": " ".join(map(str, cmd[1:]))}

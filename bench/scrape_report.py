@@ -10,6 +10,8 @@ CG_PARENT = "tracehound-bench-scrape"
 SCRAPE_8K_S, TEXT_8K_B, PROTO_8K_B = 0.25, 10e6, 2e6
 SCRAPE_80K_S, PEAK_80K_MIB = 2.0, 150
 RSS_1K_MIB, IDLE_PCT, HELD_SCRAPE_S, SIGTERM_S = 60, 2.0, 1.0, 2.0
+# a busy node with no flags: 3,000 cgroups doing I/O on 2 mounts
+BUSY_SERIES, BUSY_SCRAPE_S, BUSY_GZIP_B = 6000, 0.25, 1e6
 
 
 # ---- reading one scrape ------------------------------------------------------
@@ -102,6 +104,14 @@ def verdicts(res: dict) -> list[tuple[str, str, bool | None]]:
     new = [r for r in runs(res, "new") if done(r)]
     io = [r for r in new if r["kind"] == "io"]
     out: list[tuple[str, str, bool | None]] = []
+    busy = at_size(res, BUSY_SERIES)
+    if busy:
+        g = busy.get("gzip") or {}
+        out += [(f"{busy['size']} with the defaults (a busy node): scrape <= "
+                 f"{BUSY_SCRAPE_S * 1e3:g} ms", f"{med(busy) * 1e3:,.0f} ms (median, gzip as "
+                 "Prometheus scrapes)", med(busy) <= BUSY_SCRAPE_S),
+                (f"{busy['size']} with the defaults: on the wire (gzip) <= {BUSY_GZIP_B / 1e6:g} MB",
+                 gzip(busy) + " MB", g.get("encoding") == "gzip" and g["bytes"] <= BUSY_GZIP_B)]
     r8 = at_size(res, 8000)
     if r8:
         pb = r8.get("protobuf", {}).get("wall_s")
@@ -268,8 +278,9 @@ def floors(res: dict) -> list[str]:
     per_sample = r8["text_bytes"][-1] / r8["samples"]
     p = r8.get("protobuf", {})
     L = ["## Floors", "",
-         f"- **Plain text.** A label set is 95 samples: 20 counters and 3 histograms of 25 lines, "
-         f"fixed by the metric names and labels users query. Here that is {per_text / 1e3:,.1f} kB "
+         f"- **Plain text.** A label set is {r8['samples'] / n:.0f} samples (with "
+         f"`{r8['command']}`), fixed by the metric names and labels users query. Here that is "
+         f"{per_text / 1e3:,.1f} kB "
          f"per label set ({per_sample:.0f} bytes per sample: the name, the label block, the "
          f"value), so {n:,} label sets are {mb(r8['text_bytes'][-1])} MB whatever writes them; "
          f"{TEXT_8K_B / 1e6:g} MB would allow {TEXT_8K_B / n:,.0f} bytes, about "
@@ -307,7 +318,9 @@ def markdown(res: dict) -> str:
          f"Took {res['elapsed_s'] / 60:.1f} min; load average {' '.join(f['loadavg_start'])} at the "
          f"start, {' '.join(f['loadavg_end'])} at the end.", "",
          "A *series* is one (cgroup, mount) label set of the I/O collector; it is exported as "
-         "many *samples* (text lines: 20 counters and 3 histograms of 25 lines each). "
+         "many *samples* (text lines: 20 counters, and 3 histograms of 25 lines each for the label "
+         "sets `--latency-histograms` keeps one for: every one with `cgroup-mount`, one per "
+         "workload and mount by default). "
          "MB = 10^6 bytes; memory in MiB from /proc/PID/status.", "",
          "## Targets", "", "| target | measured | met |", "|---|---|---|"]
     L += [f"| {t} | {m} | {mark[ok]} |" for t, m, ok in res["verdicts"]]

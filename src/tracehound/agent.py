@@ -7,7 +7,7 @@ import threading
 
 from prometheus_client import CollectorRegistry
 
-from . import preflight
+from . import defaults, preflight
 from .instance import InstanceLock
 from .attribution import cgroup_layout
 from .attribution.cgroups import CgroupResolver
@@ -16,7 +16,7 @@ from .attribution.owners import Owners
 from .attribution.procs import cgroup_v2_path
 from .attribution.resolver import WorkloadResolver
 from .config import AgentConfig
-from .detect.schedule import DetectorSchedule
+from .detect.schedule import DetectorSchedule, Job
 from .errors import SetupError
 from .exporter.events import EventLog
 from .exporter.registry import register_all
@@ -24,6 +24,7 @@ from .exporter.server import Exporter
 from .host.memory import release_free_memory
 from .host.mounts import MountTable, MountTableError
 from .logsink import line_printer
+from .probes.cgroup_names import CgroupNamesProbe
 from .subsystems import SUBSYSTEMS
 from .subsystems.base import Context
 
@@ -58,6 +59,7 @@ class Agent:
                 self.resolvers.append(v2)
                 v2_owners = Owners(v2, WorkloadResolver(self.layout.v2_root, pod_source=pods),
                                    path_of_pid=cgroup_v2_path)
+        self.v2_owners = v2_owners if v2_owners is not self.owners else None
         ctx = Context(config, self.mounts, self.owners, layout=self.layout,
                       v2_owners=v2_owners)
         self.subsystems = [cls(ctx) for cls in subsystems]
@@ -66,6 +68,7 @@ class Agent:
         self.exporter = Exporter(self.registry, config.listen, {"/events": self.events.wsgi},
                                  web_config=config.web_config)
         self.schedule: DetectorSchedule | None = None
+        self.names: CgroupNamesProbe | None = None
         self._started: list = []
         self._stop = stop if stop is not None else threading.Event()
 
@@ -73,6 +76,13 @@ class Agent:
         # Bind first: a busy port should fail before any BPF is loaded.
         self.exporter.start()
         self.events.attach()
+        # the kernel's names of new cgroups, before the watcher that races them
+        self.names = CgroupNamesProbe(self.layout.key).start()
+        if self.names.available:
+            self.cgroups.names = self.names.lookup
+        else:
+            log.warning("cgroup names are learnt from the tree only (%s): a cgroup gone "
+                        "before the watcher sees it is exported by id", self.names.reason)
         for resolver in self.resolvers:
             resolver.watch()
         try:
@@ -83,13 +93,21 @@ class Agent:
             self.stop()
             raise
         register_all(self.registry, self.subsystems, self.layout)
+        # the subsystems' rules and retirements, then forgetting what nobody
+        # refers to any more: one turn of the schedule runs them in this order
         self.schedule = DetectorSchedule(
-            [d for s in self.subsystems for d in s.detectors()]).start()
+            [d for s in self.subsystems for d in s.detectors()]
+            + [Job("owners_pruning", defaults.HOUSEKEEPING_S, self._prune)]).start()
         self.registry.register(self.schedule)
         self.exporter.set_ready(True)
         # libbpf freed the kernel BTF it parsed while loading: give it back
         release_free_memory()
         return self
+
+    def _prune(self) -> None:
+        for owners in (self.owners, self.v2_owners):
+            if owners is not None:
+                owners.prune()
 
     def stop(self) -> None:
         self._stop.set()
@@ -103,6 +121,10 @@ class Agent:
         self._started.clear()
         for resolver in self.resolvers:
             resolver.close()
+        if self.names is not None:
+            self.cgroups.names = None
+            self.names.close()
+            self.names = None
 
     def wait(self) -> None:
         self._stop.wait()

@@ -4,12 +4,13 @@ from __future__ import annotations
 import argparse
 import importlib
 import logging
+import os
 import sys
 
 from . import __version__, defaults
 from .bpf.features import MODES
 from .errors import TracehoundError
-from .logsink import log_to_stderr
+from .logsink import JsonFormatter, log_to_stderr
 from .signals import HeldSignals
 
 # Each command and the module that defines it, in the order `tracehound
@@ -30,6 +31,11 @@ def build_parser(modules: list[str] | None = None) -> argparse.ArgumentParser:
                     "exported to Prometheus.")
     p.add_argument("--version", action="version", version=f"tracehound {__version__}")
     p.add_argument("-v", "--verbose", action="store_true", help="log debug details")
+    p.add_argument("--log-format", choices=("text", "json"),
+                   default=os.environ.get("TRACEHOUND_LOG_FORMAT") or "text",
+                   help="log lines as text, or one JSON object per line with each anomaly "
+                        "event as a structured record (default $TRACEHOUND_LOG_FORMAT, else "
+                        "text)")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
 
     hook = argparse.ArgumentParser(add_help=False)
@@ -55,9 +61,15 @@ def main(argv: list[str] | None = None) -> int:
     except SystemExit:
         held.release()
         raise
+    if args.log_format not in ("text", "json"):     # a default from the environment
+        held.release()
+        print(f"tracehound: TRACEHOUND_LOG_FORMAT={args.log_format!r}: text or json",
+              file=sys.stderr)
+        return 2
     # never through a handler that a full, unread standard error can block
     log_to_stderr(logging.DEBUG if args.verbose else logging.WARNING,
-                  "tracehound: %(levelname)s: %(message)s")
+                  JsonFormatter() if args.log_format == "json"
+                  else "tracehound: %(levelname)s: %(message)s")
     handler = getattr(args, "handler", None)
     # a command that handles stop signals itself takes them over from here
     args.held_signals = held

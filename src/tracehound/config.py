@@ -28,6 +28,9 @@ class AgentConfig:
     # probes (of defaults.LATENCY_PROBES) whose calls are timed, unless
     # latency_histograms is off
     latency: frozenset[str] = frozenset(defaults.LATENCY_PROBES)
+    # time a sample of the calls when they come fast (io_sample.bpf.h), or
+    # every one (--latency every)
+    latency_sampled: bool = True
     # a workload idle (or all stopped) this long is stalled; 0: detector off
     stall_after_s: float = defaults.STALL_AFTER_S
     stall_cgroups: str | None = None

@@ -15,11 +15,24 @@ IO_MAX_ENTRIES = 8192
 MAX_SERIES = 10000
 # which labels the I/O latency histograms keep: per (cgroup, mount) they are
 # three quarters of every scrape
-LATENCY_HISTOGRAMS = "cgroup-mount"
-LATENCY_HISTOGRAM_CHOICES = ("cgroup-mount", "cgroup", "mount", "off")
+# per workload (a Slurm job, pod, VM or unit, over all its cgroups) and mount:
+# a busy node's thousands of small cgroups would otherwise make most of a
+# scrape (docs/metrics.md, "Sizing a busy node")
+LATENCY_HISTOGRAMS = "workload-mount"
+LATENCY_HISTOGRAM_CHOICES = ("workload-mount", "cgroup-mount", "cgroup", "mount", "off")
+# how often the agent's schedule retires removed cgroups' entries (I/O, exits)
+# and then forgets the names nobody refers to: one interval for all, so each
+# turn runs them together, in that order. The churn between two turns waits
+# in the maps (sized for far more) and is exported as one batch.
+HOUSEKEEPING_S = 2.0
 # probes whose calls the kernel can time (--latency); timing is the dearer
 # half of their per-call cost in syscall mode
 LATENCY_PROBES = ("io.read", "io.write", "io.fsync")
+# sampled timing (--latency on): when calls of a kind come faster on a CPU,
+# about one per this many ns is timed and stands for the calls between; rarer
+# calls are all timed. Two clock reads cost ~120 ns on a host: timing at most
+# ~50,000 calls a second per CPU and kind keeps that under 1 % of a CPU.
+LATENCY_SAMPLE_GAP_NS = 20_000
 # capacity of the RDMA probe's mirror of the kernel's resource tracker
 RDMA_MAX_OBJECTS = 16384
 # how long RDMA objects may outlive their process, or the mirror disagree

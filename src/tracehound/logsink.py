@@ -16,14 +16,18 @@ writer says how many before the next line it writes.
 """
 from __future__ import annotations
 
+import atexit
+import datetime
+import json
 import logging
 import logging.handlers
-import atexit
 import os
 import queue
 import threading
 import time
 
+# the logger every detector's event goes through (exporter/events.py keeps them)
+EVENTS_LOGGER = "tracehound.events"
 QUEUED_RECORDS = 2000       # a few hundred KB of lines at most
 EXIT_DRAIN_S = 2.0          # how long a command's exit waits for its last lines
 
@@ -104,11 +108,40 @@ class DescriptorWriter:
                 return
 
 
-def _queued_writer(fd: int, fmt: str, capacity: int) -> DroppingQueueHandler:
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line, for log pipelines (Loki, Elasticsearch,
+    journald's JSON export): time, level, logger and message; a detector's
+    event (logged as its JSON) is kept as the object it is, under "event"."""
+
+    def __init__(self, events_logger: str = EVENTS_LOGGER):
+        super().__init__()
+        self.events_logger = events_logger
+
+    def format(self, record: logging.LogRecord) -> str:
+        when = datetime.datetime.fromtimestamp(record.created, datetime.timezone.utc)
+        out = {"time": when.isoformat(timespec="milliseconds"),
+               "level": record.levelname.lower(), "logger": record.name}
+        message = record.getMessage()
+        if record.name == self.events_logger:
+            try:
+                out["event"] = json.loads(message)
+            except ValueError:
+                out["message"] = message
+        else:
+            out["message"] = message
+        if record.exc_info:
+            out["error"] = self.formatException(record.exc_info)
+        # one line whatever the message holds: json.dumps escapes newlines
+        return json.dumps(out, default=str)
+
+
+def _queued_writer(fd: int, fmt: str | logging.Formatter,
+                   capacity: int) -> DroppingQueueHandler:
     """A queue handler and the writer thread that empties it into fd; the
     interpreter's exit waits a little for the lines still queued."""
     handler = DroppingQueueHandler(queue.Queue(capacity))
-    writer = DescriptorWriter(handler, logging.Formatter(fmt), fd).start()
+    formatter = fmt if isinstance(fmt, logging.Formatter) else logging.Formatter(fmt)
+    writer = DescriptorWriter(handler, formatter, fd).start()
     atexit.register(writer.drain, EXIT_DRAIN_S)
     return handler
 
@@ -124,7 +157,7 @@ def line_printer(fd: int = 1, capacity: int = QUEUED_RECORDS):
     return out
 
 
-def log_to_stderr(level: int, fmt: str, fd: int = 2,
+def log_to_stderr(level: int, fmt: str | logging.Formatter, fd: int = 2,
                   capacity: int = QUEUED_RECORDS) -> DroppingQueueHandler | None:
     """Configure the root logger as logging.basicConfig would (only where it
     has no handler yet), through the queue and the writer thread."""

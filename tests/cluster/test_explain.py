@@ -8,12 +8,19 @@ engine injects on one of its nodes through Slurm.
   have none; a GPU error on a second node ranks below it, and a rank stopped
   for a while on the third between them (as bad as the kill, but later);
   each node's own agent, asked on the node, names its own;
+- a fatal XID on one of a job's nodes: the XID and the node's unfitness (the
+  condition `tracehound health` drains on, which it does) on that node, in
+  fleet and in node mode;
+- a job whose ranks pass data round a ring over TCP: packets lost on one
+  node's link make that node the job's retransmitting one (the node's own
+  count: the job's sockets have no cgroup v2 of their own to count by);
 - a job whose ranks all write: one rank's writes throttled on its disk
   (v1 blkio, as Slurm's cgroup/v1 plugin leaves the job no cgroup v2 of
   its own) makes that node the job's slow one, and the throttle's rollback
   puts the rank back where it was.
 """
 import json
+import secrets
 import shutil
 import subprocess
 import tempfile
@@ -21,10 +28,11 @@ import time
 
 from tests.cluster.test_fleet_chaos import cluster, jobs  # noqa: F401  (fixtures)
 from tests.cluster.test_fleet_chaos import fleet_argv, fleet_report, run_fleet
+from tests.cluster.test_health import WAIT_S, ours
 from tests.cluster.test_job_io import poll
 from tests.conftest import tracehound_cmd
 from tracehound.attribution.procs import proc_cgroups
-from tracehound.chaos.faults.io import mount_of
+from tracehound.chaos.faults.io_space import mount_of
 
 # a rank that checkpoints: says its pid, then a direct 256 KiB write every
 # 0.2 s into a 4 MiB file of its own under the directory it is given
@@ -40,6 +48,34 @@ WRITER = ("import mmap, os, sys, time\n"
           "    os.pwrite(fd, block, (i % 16) << 18)\n"
           "    i += 1\n"
           "    time.sleep(0.2)\n")
+
+# a rank of a ring: listens on its node's address, connects to the next
+# node's, says its pid once both are up, then sends 32 KiB every 0.02 s and
+# drains what the previous rank sends. argv: dir, port, node=address...
+RING = ("import os, socket, sys, threading, time\n"
+        "me = os.uname().nodename\n"
+        "addr = dict(a.split('=') for a in sys.argv[3:])\n"
+        "order = [a.split('=')[0] for a in sys.argv[3:]]\n"
+        "nxt = order[(order.index(me) + 1) % len(order)]\n"
+        "port = int(sys.argv[2])\n"
+        "server = socket.create_server((addr[me], port))\n"
+        "def drain():\n"
+        "    conn, _ = server.accept()\n"
+        "    while conn.recv(1 << 16):\n"
+        "        pass\n"
+        "threading.Thread(target=drain, daemon=True).start()\n"
+        "while True:\n"
+        "    try:\n"
+        "        out = socket.create_connection((addr[nxt], port), timeout=5)\n"
+        "        break\n"
+        "    except OSError:\n"
+        "        time.sleep(0.1)\n"
+        "out.settimeout(None)\n"
+        "open(os.path.join(sys.argv[1], me), 'w').write(str(os.getpid()))\n"
+        "block = b'x' * (1 << 15)\n"
+        "while True:\n"
+        "    out.sendall(block)\n"
+        "    time.sleep(0.02)\n")
 
 
 def explain(cluster, url: str, job_id: str, *extra: str) -> subprocess.CompletedProcess:
@@ -153,7 +189,8 @@ def test_a_throttled_rank_is_the_jobs_slow_node_and_gets_its_cgroup_back(
         writing = poll(lambda: (lambda a: a if all(
             a["activity"].get(n, {}).get("write_bytes", 0) > 0 for n in cluster.nodes)
             else None)(answer(cluster, fleet_prometheus, job.id)), "the job writing on 3 nodes")
-        assert own(writing) == [], writing["findings"]
+        # nothing: an earlier test's XID on one of its nodes came before this job did
+        assert writing["findings"] == [], writing["findings"]
 
         victim = cluster.nodes[2]
         blkio_before = proc_cgroups(job.pids[victim])["blkio"]
@@ -193,3 +230,77 @@ def test_a_throttled_rank_is_the_jobs_slow_node_and_gets_its_cgroup_back(
         assert [n for n, row in rows.items() if "█" in row] == [victim], drawn
     finally:
         shutil.rmtree(data, ignore_errors=True)
+
+
+def test_a_lossy_link_makes_its_node_the_jobs_retransmitting_one(
+        cluster, fleet_prometheus, jobs, tmp_path):
+    port = str(20000 + secrets.randbelow(20000))
+    job = jobs(cluster.nodes, tmp_path, "thring", RING, port,
+               *(f"{n}={cluster.state['addr_of'][n]}" for n in cluster.nodes))
+    flowing = poll(lambda: (lambda a: a if a["nodes"] == cluster.nodes else None)(
+        answer(cluster, fleet_prometheus, job.id)), "the ring on its three nodes")
+    assert own(flowing) == [], flowing["findings"]
+
+    victim = cluster.nodes[1]
+    started = time.time()
+    done = run_fleet(cluster, fleet_argv("node-net-loss.yaml", tmp_path, "--job", job.id,
+                                         "--nodes", victim),
+                     env={"CHAOS_HOLD_SECONDS": "8", "CHAOS_LOSS_PERCENT": "20"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    report = fleet_report(tmp_path)
+    assert report["landed"] == [victim], report["plan"]
+    [fault] = report["nodes"][victim]["faults"]
+    assert (fault["state"]["interface"], fault["state"]["netns"]) == ("eth0", None)
+    [seen] = report["nodes"][victim]["detections"]
+    assert seen["detected"], seen
+    # the rollback left the node's interface as it found it
+    qdiscs = subprocess.run(["nsenter", f"--net=/run/netns/{cluster.netns(victim)}", "tc",
+                             "qdisc", "show", "dev", "eth0"],
+                            capture_output=True, text=True, check=True).stdout
+    assert "netem" not in qdiscs and "clsact" not in qdiscs, qdiscs
+
+    after = poll(lambda: (lambda a: a if own(a) else None)(
+        answer(cluster, fleet_prometheus, job.id)), "a finding after the loss")
+    first = own(after)[0]
+    assert (first["rule"], first["node"]) == ("node_tcp_retransmits", victim), after["findings"]
+    assert first["outlier"] and first["since"] >= started - 2.5, (first, started)
+    assert "TCP segments retransmitted by the node" in first["says"], first["says"]
+    assert {f["node"] for f in own(after)} == {victim}, after["findings"]
+    assert all(n in job.pids and job.state(n) in ("S", "R") for n in cluster.nodes)
+
+
+def test_a_fatal_xid_makes_its_node_unfit_for_the_job_as_health_drains_it(
+        cluster, fleet_prometheus, jobs, tmp_path):
+    job = jobs(cluster.nodes, tmp_path, "thunfit")
+    poll(lambda: answer(cluster, fleet_prometheus, job.id)["nodes"] == cluster.nodes or None,
+         "the job on its three nodes")
+    node = cluster.nodes[2]
+    bus = cluster.agents.bus_ids[node]
+    done = run_fleet(cluster, fleet_argv("../gpu-xid.yaml", tmp_path, "--job", job.id,
+                                         "--nodes", node),
+                     env={"CHAOS_GPU_PCI": bus, "CHAOS_XID": "74"})
+    assert done.returncode == 0, done.stdout + done.stderr
+    # the node's own agent says so while the condition holds (20 s here)
+    local = on_node(cluster, job.id, node, "--json")
+    assert [(f["rule"], f["labels"]) for f in local["findings"] if f["rule"] == "node_unfit"] \
+        == [("node_unfit", {"pci_bus_id": bus, "condition": "recent_fatal_xid"})], local
+    # and the same condition drains the node through Slurm (the job runs on)
+    cluster.wait_nodes(lambda n: ours(n) == (n["NodeName"] == node), WAIT_S,
+                       f"{node} drained by tracehound")
+
+    def unfit(a):
+        return [f for f in a["findings"] if f["rule"] == "node_unfit"]
+    after = poll(lambda: (lambda a: a if unfit(a) else None)(
+        answer(cluster, fleet_prometheus, job.id)), "the node unfit in the fleet's answer")
+    [found] = unfit(after)
+    assert (found["node"], found["labels"], found["severity"]) == \
+        (node, {"pci_bus_id": bus, "condition": "recent_fatal_xid"}, 5), found
+    assert found["says"] == f"GPU {bus}: fatal XID within the agent's window"
+    xid = next(f for f in after["findings"] if f["rule"] == "gpu_xid"
+               and f["labels"]["xid"] == "74")
+    assert (xid["node"], xid["severity"]) == (node, 5)
+    # both outrank whatever earlier tests left on the job's other nodes
+    assert {(f["rule"], f["node"]) for f in after["findings"][:2]} == \
+        {("node_unfit", node), ("gpu_xid", node)}, after["findings"]
+    # the fatal XID's window passes: the node serves again, by itself
+    cluster.wait_nodes(lambda n: "DRAIN" not in n["Flags"], WAIT_S, "resumed")

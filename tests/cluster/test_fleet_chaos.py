@@ -31,8 +31,12 @@ from tracehound.fleet import prometheus
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "fleet"
 WAIT_S = 60
 # a process of a job: says its pid, then waits for a signal
+# the pid is written under another name and renamed: a reader never sees a
+# file that is there but not yet (or not all) written
 HOLD = ("import os, signal, sys\n"
-        "open(os.path.join(sys.argv[1], os.uname().nodename), 'w').write(str(os.getpid()))\n"
+        "path = os.path.join(sys.argv[1], os.uname().nodename)\n"
+        "open(path + '.tmp', 'w').write(str(os.getpid()))\n"
+        "os.rename(path + '.tmp', path)\n"
         "signal.pause()\n")
 
 
@@ -89,8 +93,10 @@ class Job:
         self.id = out[0]
 
     def _pids(self):
+        """Each node's task pid once every task has written its own."""
         got = {n: (self.dir / n).read_text() for n in self.nodes if (self.dir / n).exists()}
-        return {n: int(p) for n, p in got.items() if p} if len(got) == len(self.nodes) else None
+        pids = {n: int(p) for n, p in got.items() if p.strip()}
+        return pids if len(pids) == len(self.nodes) else None
 
     def state(self, node: str) -> str | None:
         try:

@@ -175,7 +175,12 @@ def test_every_nodes_agent_counts_each_jobs_bytes_on_it_exactly(cluster, tmp_pat
             labelled = [(n, ls) for n, ls, _ in samples if ls.get("job_id")]
             assert labelled and not any(ls["job_id"] in elsewhere for _, ls in labelled), labelled
             assert all(f"{ls['cgroup']}/".startswith(f"/slurm_{node}/uid_0/job_{ls['job_id']}/")
-                       for _, ls in labelled), labelled
+                       for _, ls in labelled if "cgroup" in ls), labelled
+            # with the agent's defaults a job's write latency is kept per step
+            # and task, without the cgroup: one histogram however many cgroups
+            latency = [ls for n, ls in labelled
+                       if n.startswith("tracehound_io_write_latency_seconds")]
+            assert latency and not any("cgroup" in ls for ls in latency), latency
             io_cgroups = {ls["cgroup"] for n, ls, _ in samples if n in (WRITES, READS)}
             assert all(c.startswith(f"/slurm_{node}/") for c in io_cgroups), io_cgroups
         # the tasks' v2 cgroup (the v2 root the node's processes share, on

@@ -18,7 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tracehound.host.mounts import MountTable
 
-from tests.conftest import tracehound_cmd
+from tests.conftest import ROOT, tracehound_cmd
 
 WORKER = os.path.join(os.path.dirname(__file__), "worker.py")
 # The worker needs only the standard library: isolated (-I) and without the
@@ -73,7 +73,9 @@ class Agent:
         return out
 
 
-def start_agent(hook_mode: str, *extra: str, wrapper: tuple[str, ...] = ()) -> Agent:
+def start_agent(hook_mode: str, *extra: str, wrapper: tuple[str, ...] = (),
+                cmd: tuple[str, ...] = ()) -> Agent:
+    """An agent of this environment's tracehound (or `cmd`), under `wrapper`."""
     # an instance of its own (unless the test names one): agents of one run
     # overlap, the session's and a test's, and each would refuse the other
     own = () if "--instance" in extra else ("--instance", f"thtest-{uuid.uuid4().hex[:12]}")
@@ -81,7 +83,12 @@ def start_agent(hook_mode: str, *extra: str, wrapper: tuple[str, ...] = ()) -> A
     # count by a v1 hierarchy (test_cgroup_v1.py asks for that itself)
     if "--cgroup-key" not in extra:
         own += ("--cgroup-key", "v2")
-    proc = subprocess.Popen([*wrapper, *tracehound_cmd(), "run", "--listen", "127.0.0.1:0",
+    # the tests' cgroups are of no workload, whose latency the default sums per
+    # mount: every label set keeps its histogram, as the tests read them
+    # (the default is the cluster tier's, whose agents time real Slurm jobs)
+    if "--latency-histograms" not in extra:
+        own += ("--latency-histograms", "cgroup-mount")
+    proc = subprocess.Popen([*wrapper, *(cmd or tracehound_cmd()), "run", "--listen", "127.0.0.1:0",
                              "--hook-mode", hook_mode, *own, *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
@@ -238,3 +245,18 @@ def fstype_of(path: str) -> str:
 def findmnt(path: str, column: str) -> str:
     return subprocess.run(["findmnt", "-n", "-o", column, "--target", path],
                           capture_output=True, text=True, check=True).stdout.strip()
+
+
+@pytest.fixture(scope="session")
+def built_wheel(tmp_path_factory) -> str:
+    """The package as it ships, built once from this tree (probes compiled in)."""
+    out = tmp_path_factory.mktemp("wheel")
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-build-isolation",
+                            "--no-deps", "-q", "-w", str(out), ROOT],
+                           capture_output=True, text=True, timeout=600)
+    shutil.rmtree(os.path.join(ROOT, "build"), ignore_errors=True)
+    for info in glob.glob(os.path.join(ROOT, "src", "*.egg-info")):
+        shutil.rmtree(info, ignore_errors=True)
+    assert built.returncode == 0, built.stdout + built.stderr
+    [wheel] = glob.glob(str(out / "tracehound-*.whl"))
+    return wheel

@@ -68,7 +68,8 @@ def test_agent_in_its_own_mount_namespace(hook_mode, cgroup_root, cgroup, tmpfs,
 def test_latency_histograms_per_mount(hook_mode, cgroup_root, cgroup, tmpfs):
     a = start_agent(hook_mode, "--latency-histograms", "mount")
     try:
-        run_in_cgroup(cgroup_root, cgroup, [["write", os.path.join(tmpfs, "lat"), 12, 4]])
+        # 1 MiB writes: each slower than the sampling gap, so each is timed
+        run_in_cgroup(cgroup_root, cgroup, [["write", os.path.join(tmpfs, "lat"), 3 << 20, 1 << 20]])
         m = a.scrape()
         # the counters keep the cgroup; the histogram is summed over cgroups
         assert series(m, "tracehound_io_write_requests_total", cgroup=cgroup) == 3

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 import uuid
 
 import pytest
@@ -139,7 +140,8 @@ def test_series_carry_the_workload_labels(attributed, tmpfs, layout):
 
 def test_a_cgroup_gone_before_the_scrape_keeps_its_name(agent, cgroup_root, tmpfs):
     """A cgroup created, used and removed between two scrapes is exported
-    once under its path and workload, not under a bare id."""
+    once, after the agent's schedule retired it, under its path and
+    workload, not under a bare id."""
     parent = f"/thtest/brief-{TAG}"
     rel = f"{parent}/brief-{TAG}.service"
     os.makedirs(cgroup_root + rel)
@@ -150,9 +152,13 @@ def test_a_cgroup_gone_before_the_scrape_keeps_its_name(agent, cgroup_root, tmpf
     finally:
         os.rmdir(cgroup_root + rel)
         os.rmdir(cgroup_root + parent)
-    m = agent.scrape()
+    deadline = time.monotonic() + 60
+    while not series(m := agent.scrape(), "tracehound_io_write_bytes_total", cgroup=rel):
+        assert time.monotonic() < deadline, sorted(
+            dict(ls)["cgroup"] for (n, ls), v in m.items()
+            if n == "tracehound_io_write_bytes_total")
+        time.sleep(0.2)
     got = series(m, "tracehound_io_write_bytes_total", cgroup=rel, mountpoint=tmpfs,
                  workload="systemd", unit=f"brief-{TAG}.service")
-    assert got == size, sorted(dict(ls)["cgroup"] for (n, ls), v in m.items()
-                               if n == "tracehound_io_write_bytes_total")
+    assert got == size
     assert not series(agent.scrape(), "tracehound_io_write_bytes_total", cgroup=rel)

@@ -18,6 +18,7 @@ import pytest
 from tracehound.attribution.cgroup_layout import v1_hierarchies
 from tracehound.attribution.procs import proc_cgroups
 from tracehound.host.mounts import MountTable
+from tracehound.probes.cgroup_names import CgroupNamesProbe
 
 from .conftest import WORKER_ARGV, remove_cgroup, series, start_agent, stop_agent
 
@@ -168,3 +169,21 @@ def test_each_nodes_agent_exports_its_own_nodes_jobs(hook_mode, tmpfs):
         finally:
             for root, _job, _size in nodes.values():
                 remove_tree(root)
+
+
+def test_the_kernel_names_cgroups_of_the_hierarchy_counted_by_only():
+    """Keyed by freezer, the name probe holds freezer cgroups' paths; the v2
+    one holds none of them (ids are per hierarchy: one could name another)."""
+    freezer = CgroupNamesProbe("freezer").start()
+    v2 = CgroupNamesProbe("v2").start()
+    try:
+        assert freezer.available and v2.available, (freezer.reason, v2.reason)
+        rel = f"/thtest-names-{TAG}"
+        os.mkdir(FREEZER + rel)
+        ino = os.stat(FREEZER + rel).st_ino
+        os.rmdir(FREEZER + rel)
+        assert freezer.lookup(ino) == rel
+        assert v2.lookup(ino) != rel
+    finally:
+        freezer.close()
+        v2.close()

@@ -294,7 +294,9 @@ def test_net_loss(agent):
     assert states[applied - 1] == states[-1]            # qdiscs exactly as before
     assert not os.path.exists(f"/run/netns/{ns}")
     assert_detected(run, "tracehound-sees-loss")
-    assert 'cgroup="/tracehound-chaos-tcp-job"' in run.detection("tracehound-sees-loss")["query"]
+    # the job's cgroup, named for this run
+    assert f'cgroup="/tracehound-chaos-tcp-job-{run.record["run_id"].rsplit("-", 1)[-1][:6]}"' in \
+        run.detection("tracehound-sees-loss")["query"]
     assert_detected(run, "ping-sees-loss", by_tracehound=False)
     fault = run.record["faults"][0]
     if fault["state"]["method"] == "netem":

@@ -1,4 +1,5 @@
-"""Every metric the Grafana dashboard and the alerting rules query exists.
+"""Every metric the Grafana dashboard and the alerting rules query, and
+every one the README and docs/ name, exists.
 
 I/O, probe and agent-health names are checked against the real agent's
 /metrics after real I/O. GPU and RDMA names cannot appear on a host without a
@@ -6,10 +7,14 @@ GPU or an RDMA device: they are checked against what their collectors emit,
 the GPU collector over the fake NVML, the RDMA collector over a snapshot of
 the probe's maps (the kernel's and the applications' views) and the RDMA port
 collector over a fake sysfs tree."""
+import glob
 import os
+import re
+from types import SimpleNamespace
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from tests.conftest import ROOT
 from tests.kernel.conftest import run_in_cgroup
 from tests.unit.fake_nvml import FakeNvml
 from tests.unit.gpu_helpers import make_collector, make_host
@@ -19,16 +24,22 @@ from tests.unit.test_rdma_ports import PMA, RXE_HW, add_port
 from tracehound.attribution.owners import Owners
 from tracehound.attribution.resolver import WorkloadResolver
 from tracehound.collectors.rdma import RdmaCollector
+from tracehound.commands.health import write_textfile
 from tracehound.collectors.rdma_ports import RdmaPortCollector
 from tracehound.detect.rdma import RdmaDetector
+from tracehound.exporter.failures import FamilyFailures
 from tracehound.host.rdma_ports import PortReader
 from tracehound.probes.rdma_maps import AppObject, MirrorObject, RdmaSnapshot
 
 # a histogram's bare name is what queries use once it is scraped as a native one
 SUFFIXES = {"counter": ("_total",), "histogram": ("_bucket", "_sum", "_count", ""),
             "summary": ("", "_sum", "_count"), "info": ("_info",)}
+# a metric name in prose: not part of a recording rule's name (level:metric:ops)
+DOC_NAME = re.compile(r"(?<![\w:])tracehound_[a-z0-9_]*[a-z0-9](?![\w:]|\.prom)")
 # names only NVML (GPU) or the RDMA probe produce
-DEVICE_PREFIXES = {"gpu": ("tracehound_gpu_", "tracehound_nic_"), "rdma": ("tracehound_rdma_",)}
+DEVICE_PREFIXES = {"gpu": ("tracehound_gpu_", "tracehound_nic_"), "rdma": ("tracehound_rdma_",),
+                   # not the agent's: `tracehound health --textfile` writes them
+                   "health": ("tracehound_health_",)}
 
 
 def sample_names(families) -> set[str]:
@@ -77,6 +88,9 @@ class Cgroups:
     def alive(self, cgroup_id):
         return True
 
+    def removed(self, cgroup_id):
+        return False
+
     def forget(self, cgroup_id):
         pass
 
@@ -117,6 +131,26 @@ def used_names() -> dict[str, list[str]]:
     return used
 
 
+def health_families(tmp_path):
+    """What `tracehound health --textfile` writes for a drained, unfit node."""
+    path = tmp_path / "tracehound_health.prom"
+    verdict = SimpleNamespace(findings=[SimpleNamespace(condition="gpu_lost")], refusal=None,
+                              action="drain")
+    write_textfile(str(path), verdict, 0.1)
+    return list(text_string_to_metric_families(path.read_text()))
+
+
+def doc_names() -> dict[str, list[str]]:
+    """Metric names the README and docs/ name (not recording rules' names)."""
+    used: dict[str, list[str]] = {}
+    for path in [os.path.join(ROOT, "README.md"),
+                 *sorted(glob.glob(os.path.join(ROOT, "docs", "*.md")))]:
+        with open(path) as f:
+            for name in set(DOC_NAME.findall(f.read())):
+                used.setdefault(name, []).append(os.path.relpath(path, ROOT))
+    return used
+
+
 def test_dashboard_and_alert_metrics_exist(agent, cgroup_root, cgroup, tmpfs, tmp_path):
     d = os.path.join(tmpfs, "dash-" + cgroup.rsplit("/", 1)[1])
     # every operation, so every I/O family has samples for this cgroup
@@ -128,11 +162,19 @@ def test_dashboard_and_alert_metrics_exist(agent, cgroup_root, cgroup, tmpfs, tm
     ])
     text = agent.scrape_text()
     assert f'cgroup="{cgroup}"' in text
-    exported = {"agent": sample_names(text_string_to_metric_families(text)),
+    # the agent's counter of families it failed to render has a series only
+    # once one failed: one failure, in a registry of its own
+    failed = FamilyFailures()
+    failed.record("tracehound_x", ValueError("x"))
+    exported = {"agent": sample_names(text_string_to_metric_families(text))
+                | sample_names([failed.family()]),
                 "gpu": sample_names(gpu_families(tmp_path)),
-                "rdma": sample_names(rdma_families(tmp_path))}
+                "rdma": sample_names(rdma_families(tmp_path)),
+                "health": sample_names(health_families(tmp_path))}
     used = used_names()
     assert len(used) > 40
+    for name, where in doc_names().items():
+        used.setdefault(name, []).extend(where)
     missing = []
     for name, where in sorted(used.items()):
         source = next((dev for dev, prefixes in DEVICE_PREFIXES.items()

@@ -8,6 +8,7 @@ agent's series for that cgroup and mount must equal the bytes moved. The VM
 tier runs this file in every hook mode."""
 import json
 import os
+import subprocess
 
 import pytest
 
@@ -39,6 +40,13 @@ def drop_cache(path: str) -> None:
         os.close(fd)
 
 
+def resident_bytes(path: str) -> int:
+    """How much of the file is in the page cache now (util-linux fincore)."""
+    out = subprocess.run(["fincore", "--bytes", "--noheadings", "--output", "RES", path],
+                         capture_output=True, text=True, check=True).stdout
+    return int(out.strip())
+
+
 def fio(cgroup_root, cgroup, *args) -> dict:
     out = exec_in_cgroup(cgroup_root, cgroup, ["fio", "--output-format=json", "--name=t",
                                                "--thread=0", *args])
@@ -63,6 +71,10 @@ ENGINES = {
 }
 
 
+# the most calls an interval of sampled timing leaves untimed (io.h SAMPLE_K_MAX)
+UNTIMED_TAIL = 2 ** (8 + 1)
+
+
 @pytest.mark.parametrize("engine", list(ENGINES))
 def test_async_engines_count_exact_bytes(agent, cgroup_root, cgroup, fs, engine):
     """Writes then reads through the engine: bytes and requests equal what
@@ -84,15 +96,21 @@ def test_async_engines_count_exact_bytes(agent, cgroup_root, cgroup, fs, engine)
     assert got("read_requests") == SIZE // BS
     assert got("read_errors") == 0
     if engine.startswith("io_uring"):
-        # every request timed from its submission to its completion
+        # requests timed from their submission to their completion, each
+        # counting as those since its CPU's last timed one (sampled timing):
+        # off by at most an interval, the untimed tail of the last one, or
+        # other cgroups' calls on the same CPU that a timed one stood for
         for op in ("read", "write"):
-            assert got(f"{op}_latency_seconds_count") == SIZE // BS, op
+            n = got(f"{op}_latency_seconds_count")
+            assert n > 0 and abs(n - SIZE // BS) < UNTIMED_TAIL, op
 
 
 def test_io_uring_latency_spans_submission_to_completion(agent, cgroup_root, cgroup, tmpfs):
-    """fio's own completion latency bounds what the kernel measured."""
+    """fio's own completion latency bounds what the kernel measured. At a
+    thousand requests a second each is timed (sampled timing times every
+    call that comes slower than its gap), so the count is exact."""
     job = fio(cgroup_root, cgroup, "--ioengine=io_uring", "--rw=write", f"--bs={BS}",
-              f"--size={SIZE}", f"--filename={tmpfs}/uring-latency")
+              f"--size={SIZE}", f"--filename={tmpfs}/uring-latency", "--rate_iops=1000")
     m = agent.scrape()
     lb = dict(cgroup=cgroup, mountpoint=tmpfs)
     n = series(m, "tracehound_io_write_latency_seconds_count", **lb)
@@ -153,5 +171,8 @@ def test_a_cold_read_fills_the_page_cache_with_the_file(agent, cgroup_root, cgro
     got = io_series(agent, cgroup, ext4)
     assert got("pagecache_fill_bytes") == size
     assert got("read_bytes") == (size if how == "read" else 0)
+    # what memory pressure evicted meanwhile (a busy CI host: a VM beside
+    # these tests) comes in again, and only that
+    evicted = size - resident_bytes(path)
     assert run_in_cgroup(cgroup_root, cgroup, [op]) == [size]
-    assert io_series(agent, cgroup, ext4)("pagecache_fill_bytes") == size
+    assert io_series(agent, cgroup, ext4)("pagecache_fill_bytes") == size + evicted

@@ -3,6 +3,7 @@ namespaces joined by a veth, clients in fresh cgroups, packet loss from the
 netfault classifier. The retransmits land on the lossy client's cgroup only,
 a refused connect counts for its cgroup, and sock_diag finds the client's
 socket under its cgroup id in the client's namespace."""
+import json
 import os
 import signal
 import subprocess
@@ -107,6 +108,22 @@ class Env:
             remove_cgroup(path)
 
 
+def link_address(netns: str, ifname: str) -> str:
+    out = subprocess.run(["ip", "-n", netns, "-j", "link", "show", "dev", ifname],
+                         check=True, capture_output=True, text=True).stdout
+    return json.loads(out)[0]["address"]
+
+
+def link_neighbours(ns_a: str, if_a: str, addr_a: str, ns_b: str, if_b: str,
+                    addr_b: str) -> None:
+    """Each end knows the other's MAC address for good."""
+    for ns, ifname, peer_addr, peer_ns, peer_if in ((ns_a, if_a, addr_b, ns_b, if_b),
+                                                    (ns_b, if_b, addr_a, ns_a, if_a)):
+        subprocess.run(["ip", "-n", ns, "neigh", "replace", peer_addr, "lladdr",
+                        link_address(peer_ns, peer_if), "dev", ifname, "nud", "permanent"],
+                       check=True)
+
+
 @pytest.fixture
 def env(cgroup_root):
     e = Env(cgroup_root)
@@ -114,6 +131,10 @@ def env(cgroup_root):
         make_netns_pair(e.server_ns, e.client_ns, e.server_if, e.client_if,
                         f"{SERVER_ADDR}/24", f"{CLIENT_ADDR}/24")
         subprocess.run(["ip", "-n", e.client_ns, "link", "set", "lo", "up"], check=True)
+        # fixed neighbours: the loss below drops ARP too, and a connect
+        # whose three ARP requests were all lost fails with no route to host
+        link_neighbours(e.server_ns, e.server_if, SERVER_ADDR, e.client_ns, e.client_if,
+                        CLIENT_ADDR)
         yield e
     finally:
         e.close()
@@ -181,7 +202,7 @@ def test_retransmits_count_for_the_lossy_clients_cgroup_only(env, probe, loss):
     assert counter(probe, cgroup_id(clean), "connect_failures") == 0
 
 
-def test_a_refused_connect_counts_a_failure_for_its_cgroup(env, probe):
+def test_a_refused_connect_counts_a_failure_for_its_cgroup(env, probe, cgroup_root):
     refused, other = env.cgroup(), env.cgroup()
     env.spawn(env.server_ns, None, SERVER, SERVER_ADDR, str(PORT))
     env.spawn(env.client_ns, other, CLIENT, SERVER_ADDR, str(PORT))
@@ -193,10 +214,20 @@ def test_a_refused_connect_counts_a_failure_for_its_cgroup(env, probe):
     # the refusal is a reset received in SYN_SENT
     assert counter(probe, cgid, "resets_received") == 1
     assert counter(probe, cgroup_id(other), "connect_failures") == 0
-    # retired once the cgroup is gone: the entry leaves the kernel table
+    # once the cgroup is gone, the agent's retirement takes the entry out of
+    # the kernel table and the next scrape exports it once more, named
+    owners = Owners(CgroupResolver(cgroup_root),
+                    WorkloadResolver(job_id_source=None, pod_source=None))
+    collector = NetCollector(probe, sockdiag.SockDiag(100000, reuse_s=0), owners)
+    collector.retire_removed()
+    assert cgid in probe.counters()             # alive: nothing retired
+    owners.path(cgid)                           # named while it exists
     remove_cgroup(refused)
-    probe.retire({cgid})
+    assert collector.retire_removed() == 1
     assert cgid not in probe.counters()
+    families = {f.name: f for f in collector.collect()}
+    assert [s.value for s in families["tracehound_net_tcp_connect_failures"].samples
+            if s.labels["cgroup"] == refused[len(cgroup_root):]] == [1]
 
 
 def test_sockdiag_finds_the_clients_socket_in_its_cgroup_and_namespace(env, probe, cgroup_root):

@@ -246,6 +246,27 @@ def test_query_probe_reads_once_or_over_a_window(endpoint):
     assert detect.run_query(spec) == pytest.approx(0.0, abs=1e-9)
 
 
+def test_the_signal_before_the_fault_is_read_as_the_probe_will_judge_it(endpoint):
+    endpoint.body = exposition(500, 0, 0)
+    spec = {"url": endpoint.url, "query": 'tracehound_io_write_bytes_total{cgroup="/job"}',
+            "signal": "rate", "window": 0.2}
+    served = endpoint.served
+
+    def grows():            # 100 bytes between the two readings, 0.2 s or more apart
+        endpoint.wait_served(served + 1)
+        endpoint.body = exposition(600, 0, 0)
+    writer = threading.Thread(target=grows)
+    writer.start()
+    baseline, before = detect.baseline_and_before(spec)
+    writer.join()
+    assert 0 < before <= 100 / 0.2
+    # the second reading is where the signal under the fault starts from
+    assert baseline[1] == 600
+    # an agent that does not answer: no value, and the run goes on
+    assert detect.baseline_and_before({**spec, "url": "http://127.0.0.1:1/metrics"}) == \
+        (None, None)
+
+
 def test_check_spec_problems():
     assert detect.check_spec({"source": "process", "command": [sys.executable],
                               "extract": "(a)(b)"})[0][0] == "extract"

@@ -14,7 +14,8 @@ import pytest
 
 from tracehound.chaos import faults as catalog
 from tracehound.chaos.faults import FaultError, cgroupctl, gpu, net, targets
-from tracehound.chaos.faults.io import IoFill, IoThrottle, mount_of
+from tracehound.chaos.faults.io import IoThrottle
+from tracehound.chaos.faults.io_space import IoFill, mount_of
 
 
 @pytest.fixture

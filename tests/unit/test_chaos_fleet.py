@@ -2,7 +2,6 @@
 reading, the per-instance detection query, the report's spread, the
 Kubernetes Jobs and the command's usage errors. The launch itself runs
 against the real Slurm cluster (tests/cluster/test_fleet_chaos.py)."""
-import json
 import os
 import types
 

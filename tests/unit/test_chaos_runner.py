@@ -4,7 +4,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import pytest
@@ -95,7 +94,8 @@ method:
     name: see-marker
     provider:
       type: tracehound
-      detect: {{source: process, command: [cat, "{marker}"], extract: '(\\d+)',
+      detect: {{source: process, command: [sh, -c, 'cat "{marker}" 2>/dev/null || echo 0'],
+               extract: '(\\d+)',
                predicate: "> 0", timeout: 60, interval: 0.05}}
 {extra_method}
 rollbacks:
@@ -136,6 +136,9 @@ def test_full_run_journals_detects_rolls_back_and_reports(tmp_path, test_faults,
                              if r.endswith("journal.json")).read_text())
     [det] = record["detections"]
     assert det["detected"] and not det["tracehound_signal"]
+    # before the fault the marker was not there (0); under it, 1
+    assert det["before"] == 0 and det["value"] == 1
+    assert "| before the fault | under the fault (last) |" in text and "| 0.0 | 1.0 |" in text
     # detected at the reading the samples end with, counted from the fault
     assert det["mttd_seconds"] >= 0 and det["samples"][-1] == [det["mttd_seconds"], 1]
     assert record["faults"][0]["rollback"] == "done"
@@ -273,18 +276,6 @@ def test_sigkill_then_recover_and_next_run_recovers_first(tmp_path):
     assert out.returncode == 0, out.stderr
     assert out.stdout.index("recovering run") < out.stdout.index("applied io.fill")
     assert os.listdir(tmp_path / "fs") == []
-
-
-def test_report_without_matplotlib(tmp_path, monkeypatch):
-    from tracehound.chaos import report
-    monkeypatch.setitem(sys.modules, "matplotlib", None)
-    record = {"title": "T", "description": "d", "run_id": "r", "status": "completed",
-              "start": "now", "duration": 1.0, "source": "f", "journal": "j",
-              "steady_states": {}, "faults": [], "detections": [], "runs": [],
-              "rollbacks": [], "timeline": []}
-    paths = report.write(record, str(tmp_path))
-    assert "plot" not in paths
-    assert "No plot: matplotlib is not installed" in open(paths["markdown"]).read()
 
 
 def test_failed_steady_state_skips_the_method(tmp_path, test_faults, capsys):

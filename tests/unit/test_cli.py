@@ -33,12 +33,22 @@ def test_help_lists_subcommands():
     assert "--listen" in sub.stdout and "--hook-mode" in sub.stdout
 
 
-@pytest.mark.parametrize("value,timed", [
-    ("on", {"io.read", "io.write", "io.fsync"}), ("off", set()),
-    (" io.fsync , io.read ", {"io.fsync", "io.read"})])
-def test_latency_flag_names_the_timed_probes(value, timed):
+ALL_TIMED = {"io.read", "io.write", "io.fsync"}
+
+
+@pytest.mark.parametrize("value,timed,sampled", [
+    ("on", ALL_TIMED, True), ("off", set(), True),
+    (" io.fsync , io.read ", {"io.fsync", "io.read"}, True),
+    ("every", ALL_TIMED, False), ("every:io.fsync", {"io.fsync"}, False)])
+def test_latency_flag_names_the_timed_probes_and_whether_sampled(value, timed, sampled):
     from tracehound.commands.run import _latency
-    assert _latency(value) == timed
+    assert _latency(value) == (timed, sampled)
+
+
+@pytest.mark.parametrize("value", ["every:", "every:io.open", "sometimes", ""])
+def test_a_latency_flag_that_names_no_probe_is_refused(value):
+    res = th("run", "--latency", value)
+    assert res.returncode == 2 and "--latency" in res.stderr and "every" in res.stderr
 
 
 def test_bad_listen_address():

@@ -8,6 +8,7 @@ from tracehound.attribution.owners import Owners
 from tracehound.attribution.resolver import WorkloadResolver
 from tracehound.collectors import io as col
 from tracehound.host.mounts import MountTable
+from tracehound.probes import io as io_mod
 from tracehound.probes.io import KEY, IoProbe, IoProbeConfig
 
 SAMPLE = "27 1 254:0 / / rw - ext4 /dev/vda rw\n40 27 0:50 / /scratch rw - tmpfs t rw\n"
@@ -79,6 +80,9 @@ class FakeCgroups:
     def alive(self, cgid):
         return cgid not in self.dead
 
+    def removed(self, cgid):
+        return not self.alive(cgid)
+
     def forget(self, cgid):
         self.forgotten.append(cgid)
 
@@ -119,7 +123,8 @@ def test_keys_for_same_mount_merge_and_dev_keys_resolve(tmp_path):
     read_hist = [[0] * col.HIST_SLOTS for _ in col.HISTS]
     read_hist[0][12] = 5               # five reads of 4-8 us
     items = [
-        (KEY.pack(7, 40, 0), value(read_bytes=100, hist=read_hist, lat=[25_000, 0, 0])),
+        (KEY.pack(7, 40, 0), value(read_bytes=100, calls=[5, 0, 0, 0, 0, 0, 0, 0, 0],
+                                   hist=read_hist, lat=[25_000, 0, 0])),
         (KEY.pack(7, 40, 0), value(read_bytes=1)),
         # namespace ops and page-cache fills are keyed by device (0:50 is the tmpfs)
         (KEY.pack(7, (0 << 20) | 50, col.KEY_DEV),
@@ -136,7 +141,7 @@ def test_keys_for_same_mount_merge_and_dev_keys_resolve(tmp_path):
                 return s.value
     assert val("tracehound_io_read_bytes") == 101
     assert val("tracehound_io_pagecache_fill_bytes") == 8192
-    assert val("tracehound_io_read_requests") == 5      # from the histogram
+    assert val("tracehound_io_read_requests") == 5      # every call, the timed ones too
     assert val("tracehound_io_mkdir_requests") == 3
     assert val("tracehound_io_mkdir_errors") == 1
     assert val("tracehound_io_mkdir_not_found") == 2
@@ -175,12 +180,32 @@ def test_removed_cgroup_is_exported_once_more_then_deleted(tmp_path):
     stats = c.probe.maps["io_stats"]
     stats._items = [(key, value(write_bytes=15))]   # the last write before rmdir
     c.cgroups.dead.add(7)
+    # a scrape only reads: the removed cgroup's entry stays until retired,
+    # and waits for it to be exported
+    assert written(scrape(c), "/job/7") == []
+    assert stats.items() == [(key, value(write_bytes=15))] and c.cgroups.forgotten == []
+    # the agent's schedule retires it, with no scrape involved
+    assert c.retire_dead() == 1
+    assert stats.items() == []
+    c.owners.prune()                                 # the schedule's next job
+    assert c.cgroups.forgotten == [7]
     fams = scrape(c)
     assert written(fams, "/job/7") == [15]           # final value, exported once more
-    assert stats.items() == [] and c.cgroups.forgotten == [7]
     entries = {s.labels["map"]: s.value for s in fams["tracehound_map_entries"].samples}
     assert entries == {"io_stats": 0}
     assert written(scrape(c), "/job/7") == []        # then gone
+    assert c.retire_dead() == 0
+
+
+def test_retired_between_scrapes_is_exported_by_the_next_whenever_it_comes(tmp_path):
+    keys = [KEY.pack(cg, 40, 0) for cg in (7, 8)]
+    c = collector([(k, value(write_bytes=5)) for k in keys], tmp_path)
+    c.cgroups.paths[8] = "/job/8"
+    c.cgroups.dead.update({7, 8})
+    assert c.retire_dead() == 2
+    assert c.retire_dead() == 0                       # nothing left to retire, nothing lost
+    fams = scrape(c)
+    assert written(fams, "/job/7") == [5] and written(fams, "/job/8") == [5]
 
 
 def test_new_cgroup_at_a_reused_path_continues_the_counter(tmp_path):
@@ -190,17 +215,19 @@ def test_new_cgroup_at_a_reused_path_continues_the_counter(tmp_path):
     scrape(c)
     c.cgroups.dead.add(7)
     c.probe.maps["io_stats"]._items = [(old, value(write_bytes=10)), (new, value(write_bytes=1))]
+    c.retire_dead()
     assert written(scrape(c), "/job/7") == [11]
     assert written(scrape(c), "/job/7") == [11]      # never back to 1
 
 
 def test_a_cgroup_recreated_after_the_last_export_starts_from_zero(tmp_path):
-    """The README's promise: continuation only while the old entries are
+    """The docs' promise: continuation only while the old entries are
     being retired; later, the path's series restarts (a counter reset)."""
     old, new = KEY.pack(7, 40, 0), KEY.pack(8, 40, 0)
     c = collector([(old, value(write_bytes=10))], tmp_path)
     scrape(c)
     c.cgroups.dead.add(7)
+    c.retire_dead()
     assert written(scrape(c), "/job/7") == [10]      # the last export
     assert written(scrape(c), "/job/7") == []        # gone
     c.cgroups.paths[8] = "/job/7"
@@ -219,6 +246,7 @@ def test_series_cap_folds_the_rest_into_overflow(tmp_path):
     assert over.labels == {"collector": "io"} and over.value == 2
     # a folded cgroup goes away: overflow must not shrink
     c.cgroups.dead.add(20)
+    c.retire_dead()
     assert written(scrape(c), "__overflow__") == [41]
     assert written(scrape(c), "__overflow__") == [41]
 
@@ -249,9 +277,11 @@ def histogram_series(fams, name="tracehound_io_read_latency_seconds"):
 
 
 def test_latency_histograms_keep_the_labels_asked_for(tmp_path):
-    items = [(KEY.pack(7, 40, 0), value(hist=read_hist(12, 5), lat=[50_000, 0, 0])),
-             (KEY.pack(8, 40, 0), value(hist=read_hist(14, 2), lat=[30_000, 0, 0])),
-             (KEY.pack(7, 27, 0), value(hist=read_hist(12, 1), lat=[9_000, 0, 0]))]
+    def reads(n):
+        return [n] + [0] * (len(col.OPS) - 1)
+    items = [(KEY.pack(7, 40, 0), value(calls=reads(5), hist=read_hist(12, 5), lat=[50_000, 0, 0])),
+             (KEY.pack(8, 40, 0), value(calls=reads(2), hist=read_hist(14, 2), lat=[30_000, 0, 0])),
+             (KEY.pack(7, 27, 0), value(calls=reads(1), hist=read_hist(12, 1), lat=[9_000, 0, 0]))]
 
     def scraped(where):
         c = collector(items, tmp_path, latency_histograms=where)
@@ -271,12 +301,34 @@ def test_latency_histograms_keep_the_labels_asked_for(tmp_path):
                                                    (("cgroup", "/job/8"),): 2}
     off = scraped("off")
     assert not any(name.endswith("_latency_seconds") for name in off)
-    # the counters keep every label set whatever the histograms do, and the
-    # histogram's calls still count
+    # the counters keep every label set whatever the histograms do
     for fams in (mount, off):
         reads = {s.labels["cgroup"]: s.value for s in fams["tracehound_io_read_requests"].samples
                  if s.labels["mountpoint"] == "/scratch"}
         assert reads == {"/job/7": 5, "/job/8": 2}
+
+
+def test_by_default_a_workloads_cgroups_share_its_histogram_and_the_rest_their_mounts(tmp_path):
+    """workload-mount: each step and task of Slurm job 42 keeps a histogram
+    with its labels, without the cgroup (the rows of `top`); two cgroups of
+    no workload sum into the mount's."""
+    items = [(KEY.pack(cg, 40, 0), value(hist=read_hist(12, n), lat=[n * 1000, 0, 0]))
+             for cg, n in ((7, 1), (8, 2), (9, 4), (10, 8), (11, 16))]
+    c = collector(items, tmp_path, latency_histograms=defaults.LATENCY_HISTOGRAMS)
+    c.cgroups.paths.update({8: "/other", 9: "/slurm/uid_0/job_42/step_0",
+                            10: "/slurm/uid_0/job_42/step_0/task_0",
+                            11: "/slurm/uid_0/job_42/step_1"})
+    fams = scrape(c)
+    job = (("fstype", "tmpfs"), ("job_id", "42"), ("mountpoint", "/scratch"))
+    assert histogram_series(fams) == {
+        (("fstype", "tmpfs"), ("mountpoint", "/scratch")): 3,
+        (*job, ("step", "0"), ("workload", "slurm")): 4,
+        (*job, ("step", "0"), ("task", "0"), ("workload", "slurm")): 8,
+        (*job, ("step", "1"), ("workload", "slurm")): 16}
+    # the counters still name every cgroup
+    cgroups = {s.labels["cgroup"] for s in fams["tracehound_io_read_requests"].samples}
+    assert cgroups == {"/job/7", "/other", "/slurm/uid_0/job_42/step_0",
+                       "/slurm/uid_0/job_42/step_0/task_0", "/slurm/uid_0/job_42/step_1"}
 
 
 def test_latency_histogram_choices_are_the_command_line_ones(tmp_path):
@@ -284,3 +336,30 @@ def test_latency_histogram_choices_are_the_command_line_ones(tmp_path):
     assert defaults.LATENCY_HISTOGRAMS in col.HISTOGRAM_LABELS
     with pytest.raises(ValueError, match="latency histograms"):
         collector([], tmp_path, latency_histograms="pod")
+
+
+class SamplerMap:
+    """io_samplers as the kernel hands it: a struct io_sampler per CPU."""
+
+    def __init__(self, timed_per_cpu: dict[int, list[int]]):
+        self.timed = timed_per_cpu
+
+    def lookup_percpu(self, key):
+        (h,) = struct.unpack("I", key)
+        return [io_mod.SAMPLER.pack(123, n, 9, 77, 1, 1) for n in self.timed[h]]
+
+
+def test_the_timed_calls_of_sampled_timing_are_exported_per_op(tmp_path):
+    c = collector([], tmp_path)
+    c.probe.maps["io_samplers"] = SamplerMap({0: [5, 7], 1: [0, 2], 2: [1, 0]})
+    fams = scrape(c)
+    timed = {s.labels["op"]: s.value for s in fams["tracehound_io_latency_timed_calls"].samples
+             if s.name.endswith("_total")}
+    assert timed == {"read": 12, "write": 2, "fsync": 1}
+
+
+def test_every_call_timed_exports_no_timed_calls(tmp_path):
+    c = collector([], tmp_path)
+    c.probe.config.sample_gap_ns = 0
+    c.probe.maps["io_samplers"] = SamplerMap({0: [5], 1: [0], 2: [1]})
+    assert "tracehound_io_latency_timed_calls" not in scrape(c)

@@ -104,13 +104,16 @@ def test_selected_jobs_filter_every_io_query():
             assert 'job_id=~"$job_id"' in selector and 'pod=~"$pod"' in selector, where
 
 
-def test_heatmaps_read_histogram_buckets():
+def test_heatmaps_read_histograms_in_either_form():
     heatmaps = [p for p in load_dashboard()["panels"] if p["type"] == "heatmap"]
     assert {m for p in heatmaps for t in p["targets"] for m in metric_names(t["expr"])} == {
-        f"tracehound_io_{op}_latency_seconds_bucket" for op in ("read", "write", "fsync")}
+        f"tracehound_io_{op}_latency_seconds{suffix}" for op in ("read", "write", "fsync")
+        for suffix in ("_bucket", "")}
     for p in heatmaps:
-        (t,) = p["targets"]
-        assert t["format"] == "heatmap" and "by (le)" in t["expr"]
+        classic, native = p["targets"]
+        assert all(t["format"] == "heatmap" for t in (classic, native))
+        # classic buckets by le; a native histogram is one series, its buckets inside
+        assert "by (le)" in classic["expr"] and "_bucket" not in native["expr"]
         assert p["options"]["calculate"] is False
 
 

@@ -49,8 +49,10 @@ def test_the_service_monitor_and_the_scrape_example_use_tls_and_a_password():
     assert endpoint["tlsConfig"]["ca"]["secret"]["key"] and endpoint["tlsConfig"]["serverName"]
     assert endpoint["basicAuth"]["password"]["key"]
     assert "insecureSkipVerify" not in endpoint["tlsConfig"]
-    with open(os.path.join(DEPLOY, "prometheus", "scrape.yml")) as f:
-        jobs = yaml.safe_load(f)["scrape_configs"]
+    jobs = []
+    for name in ("scrape.yml", "scrape-kubernetes.yml"):
+        with open(os.path.join(DEPLOY, "prometheus", name)) as f:
+            jobs += yaml.safe_load(f)["scrape_configs"]
     for job in jobs:
         assert job["scheme"] == "https", job["job_name"]
         assert job["tls_config"]["ca_file"] and "insecure_skip_verify" not in job["tls_config"]

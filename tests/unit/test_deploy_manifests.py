@@ -5,10 +5,10 @@ import argparse
 import glob
 import os
 import re
-import shutil
 import subprocess
 import sys
 
+import kubernetes_validate
 import pytest
 import yaml
 
@@ -188,6 +188,29 @@ def test_kustomize_builds(overlay):
         assert namespace == (None if doc["kind"] in CLUSTER_SCOPED else "tracehound"), doc
 
 
+# the oldest Kubernetes the manifests promise to fit, and the newest the
+# schemas know: both validate strictly (no field the API would not know)
+KUBERNETES_VERSIONS = ("1.27.0", kubernetes_validate.latest_version())
+# kinds the API server schemas cannot know: a CRD's, checked by the tests above
+CUSTOM_KINDS = {"ServiceMonitor"}
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+@pytest.mark.parametrize("overlay", ["base", "prometheus-operator"])
+def test_built_objects_validate_against_the_api_schemas(overlay, version):
+    checked = 0
+    for doc in kustomize(os.path.join(K8S, overlay)):
+        if doc["kind"] in CUSTOM_KINDS:
+            continue
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(f"{doc['kind']}/{doc['metadata']['name']} against {version}: "
+                        f"{exc.message} at {'.'.join(map(str, exc.path))}")
+        checked += 1
+    assert checked >= 5
+
+
 def test_daemonset_selector_matches_template_labels(daemonset):
     selector = daemonset["spec"]["selector"]["matchLabels"]
     labels = daemonset["spec"]["template"]["metadata"]["labels"]
@@ -358,10 +381,22 @@ def test_systemd_unit_verifies(tmp_path):
 
 
 def test_image_recipe_copies_existing_paths():
+    """Every COPY source is in the repository, or is the wheel its header's
+    `pip wheel ... -w dist .` writes (its name as this version's wheel has it)."""
+    import fnmatch
+    import sysconfig
+
+    import tracehound
+    platform = sysconfig.get_platform().replace("-", "_").replace(".", "_")
+    wheel = f"dist/tracehound-{tracehound.__version__}-py3-none-{platform}.whl"
     with open(os.path.join(DEPLOY, "image", "Dockerfile")) as f:
-        lines = [line.split() for line in f if line.startswith("COPY ")]
-    for words in lines:
+        text = f.read()
+    assert "pip wheel --no-build-isolation --no-deps -w dist ." in text
+    copies = [line.split() for line in text.splitlines() if line.startswith("COPY ")]
+    assert copies
+    for words in copies:
         if any(w.startswith("--from") for w in words):
             continue
         for source in words[1:-1]:
-            assert os.path.exists(os.path.join(ROOT, source)), source
+            assert (fnmatch.fnmatch(wheel, source) if source.startswith("dist/")
+                    else os.path.exists(os.path.join(ROOT, source))), source

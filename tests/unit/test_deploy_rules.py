@@ -17,6 +17,7 @@ PROM_DIR = os.path.join(ROOT, "deploy", "prometheus")
 RULES = os.path.join(PROM_DIR, "tracehound-rules.yml")
 RULE_TESTS = sorted(glob.glob(os.path.join(PROM_DIR, "tests", "*.yml")))
 SCRAPE = os.path.join(PROM_DIR, "scrape.yml")
+SCRAPE_KUBERNETES = os.path.join(PROM_DIR, "scrape-kubernetes.yml")
 SEVERITIES = {"critical", "warning", "info"}
 
 
@@ -124,27 +125,58 @@ def kubernetes_sd_supported(promtool, tmp_path) -> bool:
     return "kubernetes_sd_configs not found" not in res.stdout + res.stderr
 
 
-def test_scrape_config_is_valid(promtool, tmp_path):
+def test_the_bare_metal_scrape_config_passes_promtool_as_shipped(promtool):
     with open(SCRAPE) as f:
+        jobs = [job["job_name"] for job in yaml.safe_load(f)["scrape_configs"]]
+    assert jobs == ["tracehound"]
+    # run where it sits: its rule_files entry is relative to it
+    out = run_promtool(promtool, "check", "config", SCRAPE)
+    assert "1 rule files found" in out and "SUCCESS" in out
+
+
+def test_the_kubernetes_scrape_config_is_valid(promtool, tmp_path):
+    with open(SCRAPE_KUBERNETES) as f:
         config = yaml.safe_load(f)
     jobs = {job["job_name"]: job for job in config["scrape_configs"]}
-    assert all(name == "tracehound" or name.startswith("tracehound-") for name in jobs)
+    assert list(jobs) == ["tracehound-kubernetes"]
     assert "kubernetes_sd_configs" in jobs["tracehound-kubernetes"]
-    if not kubernetes_sd_supported(promtool, tmp_path):
-        # Still check the job's relabelling with this promtool: only the discovery differs.
-        job = jobs["tracehound-kubernetes"]
-        del job["kubernetes_sd_configs"]
-        job["static_configs"] = [{"targets": ["placeholder:9560"]}]
+    if kubernetes_sd_supported(promtool, tmp_path):
+        run_promtool(promtool, "check", "config", SCRAPE_KUBERNETES)
+        return
+    # Debian's promtool has no Kubernetes discovery: the rest of the file,
+    # its relabelling included, is still checked with it
+    job = jobs["tracehound-kubernetes"]
+    del job["kubernetes_sd_configs"]
+    job["static_configs"] = [{"targets": ["placeholder:9560"]}]
     config["rule_files"] = [RULES]
-    checked = tmp_path / "scrape.yml"
+    checked = tmp_path / "scrape-kubernetes.yml"
     checked.write_text(yaml.safe_dump(config))
     out = run_promtool(promtool, "check", "config", str(checked))
     assert "1 rule files found" in out
 
 
 def test_every_target_gets_a_node_label():
-    with open(SCRAPE) as f:
-        config = yaml.safe_load(f)
-    for job in config["scrape_configs"]:
+    jobs = []
+    for path in (SCRAPE, SCRAPE_KUBERNETES):
+        with open(path) as f:
+            jobs += yaml.safe_load(f)["scrape_configs"]
+    for job in jobs:
         relabels = job.get("relabel_configs", [])
         assert any(r.get("target_label") == "node" for r in relabels), job["job_name"]
+
+
+def test_every_alert_is_in_the_deployment_guide():
+    with open(os.path.join(ROOT, "docs", "deployment.md")) as f:
+        guide = f.read()
+    assert [a for a in alerts() if f"| `{a}` |" not in guide] == []
+
+
+def test_alerts_are_grouped_by_subsystem():
+    with open(RULES) as f:
+        groups = {g["name"]: {r.get("alert") for r in g["rules"]}
+                  for g in yaml.safe_load(f)["groups"]}
+    # what happens to jobs has its own group, whichever subsystem saw it
+    assert {"TracehoundJobStalled", "TracehoundOomKill", "TracehoundTcpRetransmits",
+            "TracehoundNodeTcpRetransmits"} <= groups["tracehound-jobs"]
+    assert all(not (a or "").startswith(("TracehoundJob", "TracehoundOom"))
+               for name, rules in groups.items() if name != "tracehound-jobs" for a in rules)

@@ -79,6 +79,9 @@ class FakeCgroups:
     def alive(self, cgid):
         return cgid not in self.gone
 
+    def removed(self, cgid):
+        return not self.alive(cgid)
+
     def forget(self, cgid):
         pass
 
@@ -187,9 +190,12 @@ def test_a_removed_cgroups_exits_are_served_to_every_scraper_for_a_while_then_re
     for t in (1000.0, 1000.5, 1060.0, 1119.9):      # the first scrapes after the removal
         now[0] = t
         assert scrape(collector)[KILLED_IN_C] == 1
+        assert collector.retire_expired() == 0       # the schedule's turn: not yet
     assert calls == []
     now[0] = 1120.0
-    assert scrape(collector)[KILLED_IN_C] == 1       # exported a last time, then retired
+    assert scrape(collector)[KILLED_IN_C] == 1       # a scrape changes nothing
+    assert calls == []
+    assert collector.retire_expired() == 1           # the schedule retires it
     assert calls == [("observe", [42, 43, 44]), ("retire", [44]), ("forget", [44])]
 
 
@@ -202,7 +208,7 @@ def test_a_burst_of_removed_cgroups_is_retired_at_once():
     for cgid in gone:
         burst.counts[e.ExitKey(cgid, "clean", 0, False)] = 1
     probe.snapshot = lambda: burst
-    scrape(ExitsCollector(probe, make_owners(gone=gone), retire_after_s=120))
+    ExitsCollector(probe, make_owners(gone=gone), retire_after_s=120).retire_expired()
     assert calls == [("retire", sorted(gone))]
 
 
@@ -215,13 +221,15 @@ def test_a_half_full_table_retires_removed_cgroups_at_once():
         full.counts[e.ExitKey(10_000 + i, "clean", 0, False)] = 1
     probe.snapshot = lambda: full
     collector = ExitsCollector(probe, make_owners(gone={44}), retire_after_s=120)
-    scrape(collector)
+    collector.retire_expired()
     assert ("retire", [44]) in calls
 
 
 def test_nothing_is_retired_while_every_cgroup_lives():
     probe = FakeProbe()
-    scrape(ExitsCollector(probe, make_owners()))
+    collector = ExitsCollector(probe, make_owners())
+    scrape(collector)
+    assert collector.retire_expired() == 0
     assert probe.retired == []
 
 

@@ -21,31 +21,41 @@ def rows(values: dict, **labels) -> list:
 
 
 def test_one_node_far_above_the_others_is_the_outlier():
-    got = fleet.outliers(RETRANS, rows({"a": 2, "b": 3, "c": 400}), "node")
+    got = fleet.outliers(RETRANS, rows({"a": 2, "b": 3, "c": 400}), "node", alone=False)
     assert [(lb["node"], v, round(r, 1)) for lb, v, r in got] == [("c", 400, 160.0)]
 
 
 def test_alike_nodes_are_not_outliers_however_high():
-    assert fleet.outliers(RETRANS, rows({"a": 900, "b": 1000, "c": 1100}), "node") == []
+    assert fleet.outliers(RETRANS, rows({"a": 900, "b": 1000, "c": 1100}), "node",
+                          alone=False) == []
 
 
 def test_below_the_floor_nothing_is_an_outlier():
     # 9 retransmissions against none elsewhere: under the rule's floor of 10
-    assert fleet.outliers(RETRANS, rows({"a": 0, "b": 0, "c": 9}), "node") == []
+    assert fleet.outliers(RETRANS, rows({"a": 0, "b": 0, "c": 9}), "node", alone=False) == []
 
 
 def test_outliers_compare_like_with_like():
     # slow on /scratch on one node; /home slow on all of them is not one node's
     data = rows({"a": 0.002, "b": 0.003, "c": 0.2}, mountpoint="/scratch") + \
         rows({"a": 0.3, "b": 0.3, "c": 0.3}, mountpoint="/home")
-    got = fleet.outliers(SLOW, data, "node")
+    got = fleet.outliers(SLOW, data, "node", alone=False)
     assert [(lb["node"], lb["mountpoint"]) for lb, _v, _r in got] == [("c", "/scratch")]
 
 
-def test_a_lone_node_is_an_outlier_only_far_above_the_floor():
-    assert fleet.outliers(RETRANS, rows({"a": 20}), "node") == []
-    [(labels, value, ratio)] = fleet.outliers(RETRANS, rows({"a": 31}), "node")
+def test_a_job_on_one_node_is_an_outlier_only_far_above_the_floor():
+    assert fleet.outliers(RETRANS, rows({"a": 20}), "node", alone=True) == []
+    [(labels, value, ratio)] = fleet.outliers(RETRANS, rows({"a": 31}), "node", alone=True)
     assert (labels["node"], value, ratio) == ("a", 31, None)
+
+
+def test_a_lone_value_of_a_job_on_several_nodes_waits_for_the_others():
+    # the first node's mean write latency is known a scrape before its
+    # neighbours': slow or not, nothing to compare it with yet
+    assert fleet.outliers(SLOW, rows({"b": 0.0168}, mountpoint="/"), "node", alone=False) == []
+    [(labels, _v, ratio)] = fleet.outliers(SLOW, rows({"b": 0.0168}, mountpoint="/"), "node",
+                                           alone=True)
+    assert labels["node"] == "b" and ratio is None
 
 
 class Answers:
@@ -58,6 +68,82 @@ class Answers:
         return self.series
 
 
+class Judged(Answers):
+    """Prometheus's instant answer to the rule, and its range answer to _since."""
+
+    def __init__(self, rows):
+        super().__init__([(labels, [(0.0, 0.0), (10.0, value)]) for labels, value in rows])
+        self.rows, self.asked = rows, []
+
+    def now(self, promql):
+        self.asked.append(promql)
+        return [type("S", (), {"labels": labels, "value": value}) for labels, value in self.rows]
+
+
+def test_a_nodes_own_retransmissions_are_asked_of_the_jobs_nodes_and_read_against_them():
+    rule = next(r for r in RULES if r.name == "node_tcp_retransmits")
+    ask = Judged(rows({"a": 0, "b": 2, "c": 300}))
+    [f] = fleet._judge(ask, rule, 'job_id="7"', 'node=~"a|b|c"', "5m", "node", alone=False)
+    assert 'tracehound_net_node_tcp_retransmitted_segments_total{node=~"a|b|c"}' in ask.asked[0]
+    assert "job_id" not in ask.asked[0]         # the node's series carry no job
+    assert (f.node, f.value, f.outlier, f.since) == ("c", 300, True, 10.0)
+    assert f.says == "300 TCP segments retransmitted by the node, 300.0x the median of " \
+                     "the job's other nodes"
+    [f] = fleet._judge(Judged(rows({"a": 0, "b": 0, "c": 400})), rule, 'job_id="7"',
+                       'node=~"a|b|c"', "5m", "node", alone=False)
+    assert f.says.endswith(", while the job's other nodes had none")
+    # a few retransmissions of a busy healthy node are no finding, even alone
+    assert fleet._judge(Judged(rows({"a": 0, "b": 0, "c": 40})), rule, 'job_id="7"',
+                        'node=~"a|b|c"', "5m", "node", alone=False) == []
+    [f] = fleet._judge(Judged(rows({"c": 400})), rule, 'job_id="7"', 'node=~"c"', "5m", "node",
+                       alone=True)
+    assert f.says.endswith(", with no other node of the job to compare") and not f.outlier
+
+
+def test_a_node_condition_reads_as_health_drains_on_it_with_its_own_action():
+    rule = next(r for r in RULES if r.name == "node_unfit")
+    bus = "0000:3b:00.0"
+    ask = Judged([({"node": "c", "pci_bus_id": bus, "condition": "nvlink_down"}, 1.0),
+                  ({"node": "a", "pci_bus_id": bus, "condition": "thermal_slowdown"}, 1.0),
+                  ({"node": "b", "pci_bus_id": bus, "condition": "lost"}, 0.0)])
+    got = fleet._judge(ask, rule, 'job_id="7"', 'node=~"a|b|c"', "5m", "node", alone=False)
+    assert 'tracehound_gpu_health{node=~"a|b|c",condition=~"lost|' in ask.asked[0]
+    by_node = {f.node: f for f in got}
+    assert set(by_node) == {"a", "c"}            # b's GPU was never lost in the window
+    assert by_node["c"].says == f"GPU {bus}: NVLink down" and by_node["c"].severity == 5
+    assert by_node["c"].action.startswith("reset the GPU and check its NVLink")
+    # not a condition health drains on by default: worth a look, no more
+    assert by_node["a"].says == f"GPU {bus}: GPU thermal slowdown" and by_node["a"].severity == 2
+    assert by_node["c"].labels == {"pci_bus_id": bus, "condition": "nvlink_down"}
+
+
+def test_node_mode_names_the_gpu_conditions_that_hold_now():
+    rows = [({"pci_bus_id": "b1", "condition": "recent_fatal_xid"}, 1.0),
+            ({"pci_bus_id": "b1", "condition": "lost"}, 0.0),
+            ({"pci_bus_id": "b1", "condition": "a_condition_of_a_newer_agent"}, 1.0)]
+    [f] = node._unfit(rows, "n1")
+    assert (f.rule, f.node, f.severity) == ("node_unfit", "n1", 5)
+    assert f.says == "GPU b1: fatal XID within the agent's window (now)"
+
+
+def test_an_xid_before_the_job_came_to_its_node_is_not_the_jobs():
+    # the job's series show on n1 from t=100 and on n2 from t=40
+    presence = [({"node": "n1"}, [(100.0, 1.0), (110.0, 1.0)]),
+                ({"node": "n2"}, [(40.0, 1.0), (50.0, 1.0)])]
+    xid = dict(rule="gpu_xid", severity=5, labels={"xid": "79"}, value=1, says="x", action="y")
+    findings = [answer.Finding(node="n1", since=60.0, **xid),       # before the job: left out
+                answer.Finding(node="n2", since=60.0, **xid),       # after it: kept
+                answer.Finding(node="n1", since=105.0, **xid),      # after it: kept
+                answer.Finding("node_unfit", 5, "n1", {}, 1, "x", "y", since=10.0)]
+    ask = Answers(presence)
+    kept = fleet._after_the_job_came(ask, findings, 'job_id="7"', "5m", "node")
+    assert [(f.rule, f.node, f.since) for f in kept] == \
+        [("gpu_xid", "n2", 60.0), ("gpu_xid", "n1", 105.0), ("node_unfit", "n1", 10.0)]
+    # no XID: nothing more is asked
+    assert fleet._after_the_job_came(None, findings[3:], 'job_id="7"', "5m", "node") == \
+        findings[3:]
+
+
 def test_an_outlier_is_one_since_it_parted_from_the_others_not_since_it_wrote():
     # mean write latency is above zero on every node all along; node c's
     # rose at t=30 (a throttled disk) and stays high
@@ -66,14 +152,16 @@ def test_an_outlier_is_one_since_it_parted_from_the_others_not_since_it_wrote():
               ({"node": "b", "mountpoint": "/"}, [(t, 0.003) for t in times]),
               ({"node": "c", "mountpoint": "/"},
                [(t, 0.002 if t < 30 else 0.2) for t in times])]
-    assert fleet._since(Answers(series), "q", "5m", "node", SLOW) == {("c", "/"): 30.0}
+    assert fleet._since(Answers(series), "q", "5m", "node", SLOW,
+                        alone=False) == {("c", "/"): 30.0}
 
 
 def test_a_count_holds_since_it_first_grew():
     series = [({"node": "a", "signal": "KILL"}, [(0.0, 0.0), (10.0, 1.0), (20.0, 1.0)]),
               ({"node": "b", "signal": "KILL"}, [(0.0, 0.0), (10.0, 0.0), (20.0, 0.0)])]
     rule = next(r for r in RULES if r.name == "killed_by_signal")
-    assert fleet._since(Answers(series), "q", "5m", "node", rule) == {("a", "KILL"): 10.0}
+    assert fleet._since(Answers(series), "q", "5m", "node", rule,
+                        alone=False) == {("a", "KILL"): 10.0}
 
 
 def test_fill_leaves_promql_braces_alone():
@@ -189,7 +277,7 @@ def test_one_scale_per_signal_makes_the_unlike_node_stand_out():
 def test_the_drawing_marks_each_finding_where_it_began():
     cols = timeline.COLUMNS
     tl = {"write latency": {"n1": [0.002] * cols, "n3": [0.002] * 30 + [0.2] * (cols - 30)},
-          "retransmits": {"n1": [0.0] * cols}}
+          "node retransmits": {"n1": [0.0] * cols}}
     f = answer.Finding("slow_writes", 2, "n3", {"mountpoint": "/"}, 0.07, "x", "y",
                        since=1000.0 + 30 * 5)
     lines = timeline.draw(tl, 1000.0, 5.0, [f])
@@ -200,9 +288,13 @@ def test_the_drawing_marks_each_finding_where_it_began():
 
 
 def test_the_timeline_fills_one_label_without_filling_it_twice():
-    q = timeline.query("stopped", 'job_id="5"', "RANGE", 5)
+    q = timeline.query("stopped", 'job_id="5"', 'node=~"a|b"', "RANGE", 5)
     assert q == 'sum by (RANGE) (tracehound_cgroup_processes{job_id="5",state="stopped"})'
-    assert "[30s]" in timeline.query("write", 'job_id="5"', "node", 5)
+    assert "[30s]" in timeline.query("write", 'job_id="5"', 'node=~"a|b"', "node", 5)
+    # the node's own series are asked of the job's nodes, not by the job
+    q = timeline.query("node retransmits", 'job_id="5"', 'node=~"a|b"', "node", 5)
+    assert q == ('sum by (node) (rate(tracehound_net_node_tcp_retransmitted_segments_total'
+                 '{node=~"a|b"}[30s]))')
 
 
 def test_the_timeline_needs_prometheus(capsys):

@@ -28,6 +28,7 @@ from tracehound.errors import SetupError
 from tracehound.exporter.server import parse_listen
 from tracehound.gpu.kmsg import EVENT_KINDS, MALFORMED, parse_gpu_line, parse_record
 from tracehound.host.mounts import MountTableError, parse_mountinfo
+from tracehound.host.netstat import parse_tcp
 from tracehound.probes.elf_exports import ElfRefused, default_function_offsets
 from tracehound.probes.rdma_app import VERBS
 from tracehound.top.rates import parse_metrics
@@ -101,6 +102,16 @@ def test_mountinfo_lines_round_trip(mnt_id, major, minor, path, fstype):
 @given(st.text(max_size=200))
 def test_proc_cgroup_text_never_raises(text):
     assert isinstance(parse_proc_cgroup(text), dict)
+
+
+@fuzz
+@given(st.lists(st.one_of(st.text(max_size=40), st.sampled_from(
+    ["Tcp: InSegs OutSegs RetransSegs", "Tcp: 1 2 3", "Tcp: 1 2", "Tcp: ٣ 2 1"])), max_size=5))
+def test_snmp_text_gives_plain_counts_or_nothing(lines):
+    # /proc/net/snmp is the kernel's; a read cut short or a kernel of another
+    # shape must still never stop the net collector
+    counted = parse_tcp("\n".join(lines))
+    assert all(type(v) is int and v >= 0 for v in counted.values())
 
 
 RESOLVER = WorkloadResolver(None, job_id_source=None, pod_source=None)

@@ -214,6 +214,14 @@ def test_health_starts_without_the_agents_subsystems(tmp_path):
     assert "health" in build_parser().format_help() and "run" in build_parser().format_help()
 
 
+def test_health_reads_the_agent_the_environment_names(tmp_path, capsys, monkeypatch):
+    # the variable every client honours names /metrics; health asks its base
+    from tracehound.cli import main
+    monkeypatch.setenv("TRACEHOUND_METRICS_URL", "http://127.0.0.1:1/metrics")
+    assert main(["health", "--check-only", "--state-file", str(tmp_path / "s.json")]) == 1
+    assert "agent not answering at http://127.0.0.1:1\n" in capsys.readouterr().out
+
+
 @pytest.mark.parametrize("argv", [["--conditions", "gpu_lost,no_such"], ["--breaker-percent", "0"],
                                   ["--breaker-min", "-1"], ["--timeout", "x"],
                                   ["--rdma-flaps", "1.5"]])

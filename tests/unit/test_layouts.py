@@ -8,6 +8,7 @@ import subprocess
 import pytest
 
 from tracehound.bpf.layout import EnumLayout, Layout, check, read_btf
+from tracehound.probes import cgroup_names as names_mod
 from tracehound.probes import exits as exits_mod
 from tracehound.probes import io as io_mod
 from tracehound.probes import net as net_mod
@@ -17,9 +18,9 @@ from tracehound.probes import rdma_maps as rdma_mod
 
 IO_STATS = io_mod.IO_STATS
 # each probe module declares its object and the layouts it reads and writes
-PROBES = [(m.OBJECT, m.LAYOUTS) for m in (io_mod, rdma_mod, net_mod, exits_mod)]
+PROBES = [(m.OBJECT, m.LAYOUTS) for m in (io_mod, rdma_mod, net_mod, exits_mod, names_mod)]
 
-OBJECTS = ("io", "rdma", "hookprobe", "netfault", "net", "exits")
+OBJECTS = ("io", "rdma", "hookprobe", "netfault", "net", "exits", "cgroup_names")
 
 
 def built(name):

@@ -2,9 +2,12 @@
 no one reads holds only the writer; lines past the bound are dropped, and
 the writer says how many once the pipe takes lines again."""
 import fcntl
+import json
 import logging
 import os
 import queue
+import subprocess
+import sys
 import threading
 import time
 
@@ -53,3 +56,32 @@ def test_a_full_unread_pipe_holds_no_logger_and_drops_are_told():
     finally:
         logger.removeHandler(handler)
         os.close(read_fd)
+
+
+JSON_LOGGING = r'''
+import logging
+from tracehound.detect import log_event
+from tracehound.logsink import JsonFormatter, log_to_stderr
+log_to_stderr(logging.WARNING, JsonFormatter())
+log_event({"event": "job_stalled", "job_id": "7", "stalled_for_s": 310.0})
+logging.getLogger("tracehound.agent").warning("a name with\na newline: %s", "x\x1b[2J")
+'''
+
+
+def test_json_logs_are_one_object_a_line_with_events_as_records():
+    done = subprocess.run([sys.executable, "-c", JSON_LOGGING], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    event, plain = [json.loads(line) for line in done.stderr.splitlines()]
+    assert event["logger"] == "tracehound.events" and event["level"] == "warning"
+    assert event["event"] == {"event": "job_stalled", "job_id": "7", "stalled_for_s": 310.0}
+    assert plain["message"] == "a name with\na newline: x\x1b[2J"
+    assert plain["time"].endswith("+00:00") and "event" not in plain
+
+
+def test_a_log_format_from_the_environment_is_checked():
+    env = {**os.environ, "TRACEHOUND_LOG_FORMAT": "xml"}
+    done = subprocess.run([sys.executable, "-m", "tracehound", "doctor"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2
+    assert "TRACEHOUND_LOG_FORMAT='xml': text or json" in done.stderr

@@ -114,19 +114,27 @@ def test_counters_and_socket_gauges_carry_cgroup_and_workload_labels(tree):
     assert probe.retired == []
 
 
-def test_a_removed_cgroups_counters_are_exported_once_then_retired(tree):
+def test_a_removed_cgroups_counters_leave_on_the_schedule_and_are_exported_once(tree):
+    """A scrape only reads; the retirement, on the agent's schedule, takes
+    the counters out of the kernel table, named, and the next scrape
+    exports them one last time."""
     root, owners, ids = tree
     probe = StubProbe({ids[TRAINER]: counts(5), ids[OTHER]: counts(1)})
     collector = NetCollector(probe, StubSockets(), owners)
     scrape(collector)
     (root / TRAINER.lstrip("/")).rmdir()
+    scrape(collector)
+    assert probe.retired == []                  # a scrape retires nothing
+    assert collector.retire_removed() == 1      # no scrape needed for the table to shrink
+    assert probe.retired == [{ids[TRAINER]}]
+    owners.prune()                              # the turn's pruning: the name is still held
     last = scrape(collector)
     assert last[("tracehound_net_tcp_retransmits_total", owner(TRAINER))] == 5
-    assert probe.retired == [{ids[TRAINER]}]
     after = scrape(collector)
     assert not any(labels == owner(TRAINER) for _, labels in after)
     assert after[("tracehound_net_tcp_retransmits_total", owner(OTHER))] == 1
-    # nothing refers to it any more: its path is forgotten
+    # nothing refers to it any more: the schedule's pruning forgets its path
+    owners.prune()
     assert owners.path(ids[TRAINER]) == f"unknown:{ids[TRAINER]}"
 
 
@@ -173,3 +181,40 @@ def test_two_ids_with_one_path_make_one_series(tree):
 
 
 # --- net.h against the built object ---------------------------------------------------
+
+
+SNMP = ("Ip: Forwarding DefaultTTL\nIp: 1 64\n"
+        "Tcp: RtoAlgorithm ActiveOpens InSegs OutSegs RetransSegs InErrs\n"
+        "Tcp: 1 12 900 800 17 0\n"
+        "Udp: InDatagrams\nUdp: 4\n")
+
+
+def test_the_nodes_tcp_counters_come_from_its_snmp_file_whatever_the_cgroup(tree, tmp_path):
+    _, owners, _ = tree
+    snmp = tmp_path / "snmp"
+    snmp.write_text(SNMP)
+    m = scrape(NetCollector(None, StubSockets(), owners, snmp=str(snmp)))
+    assert m[("tracehound_net_node_tcp_retransmitted_segments_total", frozenset())] == 17
+    assert m[("tracehound_net_node_tcp_sent_segments_total", frozenset())] == 800
+
+
+@pytest.mark.parametrize("text", [
+    "",                                                     # nothing
+    "Tcp: OutSegs RetransSegs\n",                           # a header without values
+    "Tcp: OutSegs RetransSegs\nTcp: 5\n",                   # a short value line
+    "Tcp: OutSegs RetransSegs\nTcp: -1 x\n",                # values that are not counts
+    "Tcp: OutSegs RetransSegs\nTcp: \u0663 \u0664\n",        # digits, but not ASCII ones
+])
+def test_a_snmp_file_of_another_shape_gives_no_node_series_and_no_error(tree, tmp_path, text):
+    _, owners, _ = tree
+    snmp = tmp_path / "snmp"
+    snmp.write_text(text)
+    m = scrape(NetCollector(None, StubSockets(), owners, snmp=str(snmp)))
+    assert not [k for k in m if k[0].startswith("tracehound_net_node_")]
+    assert m[("tracehound_net_sockdiag_sockets", frozenset())] == 0
+
+
+def test_the_agents_own_namespace_counters_are_read_from_proc():
+    from tracehound.host import netstat
+    counted = netstat.tcp_counters()
+    assert set(counted) == {"retransmitted", "sent", "received"}, counted

@@ -30,6 +30,9 @@ class Cgroups:
     def alive(self, cgid):
         return True
 
+    def removed(self, cgid):
+        return not self.alive(cgid)
+
     def path(self, cgid):
         return "/"
 
@@ -107,7 +110,9 @@ def test_a_cut_walk_says_so_and_the_walked_ids_are_retained(tmp_path):
     m = scrape(PressureCollector(root, own, 3, procs))
     assert m[("tracehound_pressure_cgroups_truncated", ())] == 1
     assert m[("tracehound_pressure_cgroups", ())] == 2
-    # /idle was visited (and skipped), / and /system.slice were read
+    # /idle was visited (and skipped), / and /system.slice were read: the
+    # ids the collector refers to, which the schedule's pruning keeps
+    own.prune()
     assert own.cgroups.retained[-1] == {os.stat(root).st_ino,
                                         os.stat(os.path.join(root, "system.slice")).st_ino}
 

@@ -19,6 +19,7 @@ from prometheus_client import CollectorRegistry
 
 from tests import prometheus_server
 from tests.unit.test_exposition_unchanged import (HERE, LEFT_OUT, NEW_FAMILIES, comparable,
+                                                   retire_removed,
                                                    started_subsystems)
 from tracehound.exporter.registry import register_all
 from tracehound.exporter.server import Exporter
@@ -52,9 +53,11 @@ def exporter():
         start_response("200 OK", [("Content-Type", "text/plain; version=0.0.4")])
         return [old]
 
-    registry = register_all(CollectorRegistry(auto_describe=False), started_subsystems(maps))
+    subsystems = started_subsystems(maps)
+    registry = register_all(CollectorRegistry(auto_describe=False), subsystems)
     server = Exporter(registry, "127.0.0.1:0", {"/old": old_exposition}).start()
     server.set_ready(True)
+    retire_removed(subsystems)
     server.scraper.families()          # the new side's first collection: the same last export
     yield f"127.0.0.1:{server.port}"
     server.stop()

@@ -105,6 +105,9 @@ class FakeCgroups:
     def alive(self, cgid):
         return cgid not in self.gone
 
+    def removed(self, cgid):
+        return not self.alive(cgid)
+
     def forget(self, cgid):
         pass
 
@@ -265,14 +268,21 @@ def test_rows_name_their_workload_and_filter_by_job(tmp_path):
     assert [r.pid for r in only.rows] == [10]
 
 
-def test_counters_of_a_removed_cgroup_are_exported_once_more_then_retired():
+def test_counters_of_a_removed_cgroup_leave_on_the_schedule_and_are_exported_once_more():
     cgroups = FakeCgroups()
     cgroups.gone = {43}
     probe = FakeProbe()
-    m = scrape(RdmaCollector(probe, make_owners(cgroups)))
-    assert any(dict(k[1]).get("cgroup") == "/job/b" for k in m
-               if k[0] == "tracehound_rdma_verb_errors_total")        # its last values
+    collector = RdmaCollector(probe, make_owners(cgroups))
+
+    def job_b_errors(m):
+        return [v for k, v in m.items() if k[0] == "tracehound_rdma_verb_errors_total"
+                and dict(k[1]).get("cgroup") == "/job/b"]
+    assert job_b_errors(scrape(collector)) == []      # removed: left for its retirement
+    assert probe.retired == []                        # a scrape changes nothing
+    assert collector.retire_removed() == 1
     assert probe.retired == [{43}]
+    assert job_b_errors(scrape(collector))            # its last values, named, once more
+    assert job_b_errors(scrape(collector)) == []
 
 
 def test_process_view_adds_the_applications_view_as_a_third_column():

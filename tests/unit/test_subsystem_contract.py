@@ -111,8 +111,33 @@ def test_a_removed_cgroup_is_forgotten_only_when_no_subsystem_refers_to_it(tmp_p
     assert not owners.alive(ino)
     owners.retain("rdma", {ino})            # RDMA objects of the gone job still refer to it
     owners.retain("io", set(), gone={ino})  # the I/O side exported its last values
+    owners.prune()
     assert owners.path(ino) == "/job"
     owners.retain("rdma", set())            # the objects are gone too
+    assert owners.path(ino) == "/job"       # forgotten by the schedule's pruning, not here
+    owners.prune()
+    assert owners.path(ino) == f"unknown:{ino}"
+
+
+def test_a_removed_cgroup_nobody_reported_keeps_its_name_for_one_more_turn(tmp_path):
+    """Created and removed since the subsystems last looked: the first
+    pruning keeps its name for their next retirement, the second forgets it."""
+    root = tmp_path / "cg"
+    (root / "brief").mkdir(parents=True)
+    cgroups = CgroupResolver(str(root))
+    owners = Owners(cgroups, WorkloadResolver(job_id_source=None, pod_source=None))
+    ino = (root / "brief").stat().st_ino
+    owners.new_scrape()
+    assert owners.path(ino) == "/brief"
+    (root / "next").mkdir()
+    (root / "brief").rmdir()
+    owners.new_scrape()
+    assert not owners.alive(ino)
+    assert owners.path((root / "next").stat().st_ino) == "/next"   # a rescan: brief is gone
+    owners.prune()
+    assert owners.path(ino) == "/brief"
+    owners.prune()
+    owners.new_scrape()
     assert owners.path(ino) == f"unknown:{ino}"
 
 
@@ -121,3 +146,47 @@ def test_every_subsystem_has_a_name_and_one_registration():
     assert names == ["io", "rdma", "gpu", "net", "exits", "pressure", "stall"]
     assert len(set(names)) == len(names)
     assert [s for s in SUBSYSTEMS if s.required] == [SUBSYSTEMS[0]]
+
+
+def test_a_cgroup_newer_than_the_rounds_rescan_is_not_judged_removed(tmp_path):
+    """Met after its round's one rescan (the watcher has not reported it
+    yet): not alive to a scrape, but not removed either; the next round's
+    rescan places it."""
+    root = tmp_path / "cg"
+    (root / "old").mkdir(parents=True)
+    now = [100.0]
+    cgroups = CgroupResolver(str(root), settle_s=1.0, clock=lambda: now[0])
+    cgroups.new_scrape()
+    assert cgroups.alive((root / "old").stat().st_ino)      # the round's rescan
+    (root / "new").mkdir()
+    new = (root / "new").stat().st_ino
+    assert not cgroups.alive(new)
+    assert not cgroups.removed(new)
+    now[0] += 2
+    cgroups.new_scrape()
+    assert not cgroups.removed(new)
+    assert cgroups.path(new) == "/new"
+
+
+def test_an_id_no_rescan_can_place_is_removed_once_it_has_settled(tmp_path):
+    """Created and removed unseen: judged removed only by a rescan at least
+    settle_s after it was first met, so its counters are retired then."""
+    root = tmp_path / "cg"
+    (root / "old").mkdir(parents=True)
+    now = [100.0]
+    cgroups = CgroupResolver(str(root), settle_s=1.0, clock=lambda: now[0])
+    cgroups.new_scrape()
+    assert cgroups.alive((root / "old").stat().st_ino)
+    (root / "brief").mkdir()
+    brief = (root / "brief").stat().st_ino
+    (root / "brief").rmdir()
+    assert not cgroups.removed(brief)
+    now[0] += 0.5
+    cgroups.new_scrape()
+    assert not cgroups.removed(brief)       # this round's rescan came too soon
+    now[0] += 1
+    cgroups.new_scrape()
+    assert cgroups.removed(brief)
+    assert cgroups.path(brief) == f"unknown:{brief}"
+    cgroups.forget(brief)
+    assert brief not in cgroups._unplaced

@@ -127,7 +127,7 @@ def test_keys_change_sort_filter_panel_and_quit():
     assert s.filter == "tra"
     s.handle_key("\x1b")                                  # ESC otherwise: clear
     assert s.filter == ""
-    assert [s.handle_key("\t") or s.panel for _ in range(3)] == ["rdma", "gpu", "io"]
+    assert [s.handle_key("\t") or s.panel for _ in range(4)] == ["jobs", "rdma", "gpu", "io"]
     assert s.handle_key("q")
 
 
@@ -145,7 +145,8 @@ def test_split_keys_keeps_escape_sequences_whole():
 def test_json_shape_and_base_units():
     snap = Snapshot("http://x/metrics", io=rows()[:1], interval_seconds=1.5)
     doc = json.loads(json.dumps(snap.as_json("read")))
-    assert set(doc) == {"source", "interval_seconds", "window", "sort", "io", "rdma", "gpu"}
+    assert set(doc) == {"source", "interval_seconds", "window", "sort", "io", "rdma", "gpu",
+                         "jobs"}
     assert doc["rdma"] == {"objects": None, "verb_errors": None} and doc["gpu"] is None
     (row,) = doc["io"]
     assert set(row) == {

@@ -238,3 +238,71 @@ def test_parser_agrees_with_prometheus_client_and_skips_other_metrics():
 def test_parser_rejects_garbage():
     with pytest.raises(ValueError):
         parse_metrics("tracehound_io_read_bytes_total{cgroup=\"/\"}\n", 0.0)
+
+
+JOB_LEVELS = {                  # cgroup -> CPU seconds used in the interval (cpu.stat: own + below)
+    "/system.slice/slurmstepd.scope/job_5": 1.9,
+    "/system.slice/slurmstepd.scope/job_5/step_0": 1.9,
+    "/system.slice/slurmstepd.scope/job_5/step_0/user": 1.9,
+    "/system.slice/slurmstepd.scope/job_5/step_0/user/task_0": 1.9,
+}
+
+
+def cgroup_families(cpu: dict, processes: dict, rss: dict) -> list:
+    """The pressure collector's families: {cgroup: seconds}, {(cgroup, state): n},
+    {cgroup: bytes}; job 5's labels from its path."""
+    owner = ["cgroup", *WORKLOAD_LABELS]
+
+    def lv(cgroup):
+        parts = cgroup.split("/")
+        step = next((p[5:] for p in parts if p.startswith("step_")), "")
+        task = next((p[5:] for p in parts if p.startswith("task_")), "")
+        job = next((p[4:] for p in parts if p.startswith("job_")), "")
+        w = {"workload": "slurm" if job else "", "job_id": job, "step": step, "task": task}
+        return [cgroup, *(w.get(k, "") for k in WORKLOAD_LABELS)]
+    c = CounterMetricFamily("tracehound_cgroup_cpu_seconds", "", labels=owner)
+    for cg, v in cpu.items():
+        c.add_metric(lv(cg), v)
+    p = GaugeMetricFamily("tracehound_cgroup_processes", "", labels=[*owner, "state"])
+    for (cg, state), n in processes.items():
+        p.add_metric([*lv(cg), state], n)
+    m = GaugeMetricFamily("tracehound_cgroup_memory_rss_bytes", "", labels=owner)
+    for cg, v in rss.items():
+        m.add_metric(lv(cg), v)
+    return [c, p, m]
+
+
+def test_a_jobs_cpu_is_counted_once_though_every_level_of_it_has_the_same_time():
+    task = "/system.slice/slurmstepd.scope/job_5/step_0/user/task_0"
+    prev = parse_metrics(exposition([], cgroup_families({cg: 10.0 for cg in JOB_LEVELS},
+                                                         {}, {})), 100.0)
+    io = io_series(task, write=4096, job_id="5", step="0", task="0", workload="slurm")
+    cur = parse_metrics(exposition([io], cgroup_families(
+        {cg: 10.0 + used for cg, used in JOB_LEVELS.items()},
+        {(task, "running"): 1, (task, "stopped"): 1,
+         ("/system.slice/slurmstepd.scope/job_5/step_0", "sleeping"): 1},
+        {task: 3 << 20, "/system.slice/slurmstepd.scope/job_5/step_0": 1 << 20})), 102.0)
+    [job] = snapshot(prev, cur, "t").jobs
+    assert (job.kind, job.name) == ("slurm", "5")
+    # 1.9 s in 2 s, not four times that (7.6 s: 3.8 cores on a 2-CPU machine)
+    assert job.cpu_cores == pytest.approx(0.95)
+    assert (job.processes, job.stopped_processes, job.memory_rss_bytes) == (3, 1, 4 << 20)
+    assert job.write_bytes_per_second == 2048 and job.cgroups == 4
+
+
+def test_a_cgroup_first_seen_brings_no_cpu_rate():
+    task = "/system.slice/slurmstepd.scope/job_5/step_0/user/task_0"
+    prev = parse_metrics(exposition([], []), 100.0)
+    cur = parse_metrics(exposition([], cgroup_families({task: 500.0}, {}, {})), 102.0)
+    [job] = snapshot(prev, cur, "t").jobs
+    assert job.cpu_cores is None            # shown as "-": not known yet
+
+
+def test_steps_side_by_side_add_up_and_a_bare_cgroup_is_no_job():
+    base = "/system.slice/slurmstepd.scope/job_5"
+    used = {f"{base}/step_0/user/task_0": 1.0, f"{base}/step_1/user/task_0": 0.5,
+            "/thtest/bare": 1.0}
+    prev = parse_metrics(exposition([], cgroup_families({c: 0.0 for c in used}, {}, {})), 0.0)
+    cur = parse_metrics(exposition([], cgroup_families(used, {}, {})), 1.0)
+    [job] = snapshot(prev, cur, "t").jobs
+    assert job.name == "5" and job.cpu_cores == pytest.approx(1.5)

@@ -104,7 +104,27 @@ def cluster_a(t):
     calls.add_metric(["reg_mr"], 100 * grown)
     errors = CounterMetricFamily("tracehound_rdma_verb_errors", "", labels=["op", "errno"])
     errors.add_metric(["reg_mr", "ENOMEM"], RDMA_ERRORS * (t + 60))      # 30 at the start
-    return exposition([job, idle], extra=(objects, calls, errors, *gpu_families("node1:9560")))
+    return exposition([job, idle], extra=(objects, calls, errors, *gpu_families("node1:9560"),
+                                          *job_families(grown)))
+
+
+CPU_CORES = {"node1:9560": 0.5, "node2:9560": 0.25}     # job 9's, per node
+
+
+def job_families(grown):
+    """Job 9 on two nodes, its CPU time at job and step level alike (each
+    cgroup's counter holds its descendants'), a stopped process on node1."""
+    names = ["instance", "cgroup", "workload", "job_id", "step"]
+    cpu = CounterMetricFamily("tracehound_cgroup_cpu_seconds", "", labels=names)
+    procs = GaugeMetricFamily("tracehound_cgroup_processes", "", labels=[*names, "state"])
+    rss = GaugeMetricFamily("tracehound_cgroup_memory_rss_bytes", "", labels=names)
+    for node, cores in CPU_CORES.items():
+        for cgroup, step in (("/slurm/job_9", ""), ("/slurm/job_9/step_0", "0")):
+            cpu.add_metric([node, cgroup, "slurm", "9", step], cores * grown)
+        step = [node, "/slurm/job_9/step_0", "slurm", "9", "0"]
+        procs.add_metric([*step, "stopped" if node == "node1:9560" else "running"], 1)
+        rss.add_metric(step, 1 << 20)
+    return cpu, procs, rss
 
 
 def cluster_b(t):
@@ -229,6 +249,13 @@ def test_prometheus_source_rows_and_panels(polled):
     assert (err.op, err.errno) == ("reg_mr", "ENOMEM")
     assert_rate(err.errors_per_second, RDMA_ERRORS)
     assert 30 <= err.errors_total <= 30 + RDMA_ERRORS * elapsed
+    # one job row over both nodes: the step's CPU is inside the job's, once
+    (row,) = snap.jobs
+    assert (row.kind, row.name, row.nodes, row.cgroups) == \
+        ("slurm", "9", ["node1:9560", "node2:9560"], 2)
+    assert_rate(row.cpu_cores, sum(CPU_CORES.values()))
+    assert (row.processes, row.stopped_processes, row.memory_rss_bytes) == (2, 1, 2 << 20)
+    assert_rate(row.read_bytes_per_second, READ_BPS)
     (gpu,) = snap.gpus
     assert (gpu.node, gpu.gpu, gpu.uuid, gpu.model, gpu.temperature_celsius) == \
         ("node1:9560", "0", "GPU-a", "H100", 83)
@@ -320,6 +347,16 @@ def test_once_json_from_an_agent():
     assert row["name"] == "/thtest/w" and row["write_bytes_total"] == 4096
     assert row["write_bytes_per_second"] * doc["interval_seconds"] == pytest.approx(4096)
     assert doc["rdma"] == {"objects": None, "verb_errors": None} and doc["gpu"] is None
+
+
+def test_once_reads_the_agent_the_environment_names(monkeypatch):
+    # the one variable every client honours: top, explain, health, chaos
+    fake = FakeAgent()
+    with serve(fake) as url:
+        monkeypatch.setenv("TRACEHOUND_METRICS_URL", url + "/metrics")
+        rc, out = run_cli("top", "--once", "--json", "--interval", "0.2")
+    assert rc == 0 and fake.scrapes == 2
+    assert json.loads(out)["source"] == url + "/metrics"
 
 
 def test_once_table_from_prometheus(prometheus):

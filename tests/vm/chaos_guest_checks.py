@@ -38,7 +38,12 @@ DM_NAME, DM_MOUNT, DM_IMAGE = "thchaos-io", "/tmp/thchaos-io-mnt", "/tmp/thchaos
 IO_CGROUP = "/thchaos-io-errors"
 IO_FLAKEY_CGROUP = "/thchaos-io-flakey"
 THROTTLE_CGROUP = "/thchaos-io-throttle"
-NET_NETNS, NET_IF = "thchaos-a", "thchaos0"     # examples/net-loss.yaml's defaults
+NET_NETNS, NET_IF = "thchaos-a", "thchaos0"
+# the names the checks look at, given to the examples (whose own end with ${run})
+NET_NAMES = {"CHAOS_NETNS": NET_NETNS, "CHAOS_PEER_NETNS": "thchaos-b",
+             "CHAOS_INTERFACE": NET_IF, "CHAOS_PEER_INTERFACE": "thchaos1"}
+LINK_NAMES = {"CHAOS_NETNS": LINK_NETNS, "CHAOS_PEER_NETNS": PEER_NETNS,
+              "CHAOS_INTERFACE": LINK_IF, "CHAOS_PEER_INTERFACE": "thrdma1"}
 MEMLOCK = 64 << 20
 MR_SIZE = 1 << 20
 
@@ -186,7 +191,8 @@ def link_down_experiment(c: rg.Checks, agent: rg.Agent) -> None:
     attacher = attach_rxe_when_created()
     errors_before = agent.value("tracehound_rdma_async_events_total", device=LINK_RXE,
                                 event="PORT_ERR")
-    run = ChaosRun("rdma-link-down.yaml", {"TRACEHOUND_METRICS_URL": agent.url}, link_state)
+    run = ChaosRun("rdma-link-down.yaml", {"TRACEHOUND_METRICS_URL": agent.url, **LINK_NAMES},
+                   link_state)
     attacher.join(timeout=30)
     port_errors = agent.value("tracehound_rdma_async_events_total", device=LINK_RXE,
                               event="PORT_ERR") - errors_before
@@ -266,7 +272,8 @@ def netem_experiment(c: rg.Checks, agent: rg.Agent, key: str, example: str, prob
     """A netem fault (which the VM kernel has; the host has only the BPF
     classifier), judged by the ping probe's reading. Returns that detection."""
     rg.sh("modprobe sch_netem")
-    run = ChaosRun(example, {"TRACEHOUND_METRICS_URL": agent.url, **(env or {})}, qdiscs)
+    run = ChaosRun(example, {"TRACEHOUND_METRICS_URL": agent.url, **NET_NAMES, **(env or {})},
+                   qdiscs)
     ping = next((d for d in run.record.get("detections") or []
                  if d.get("probe") == probe), {})
     if ping.get("mttd_seconds") is not None:

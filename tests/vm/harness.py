@@ -325,10 +325,9 @@ class Scenario:
     directory; ``timeout`` bounds it alone.
 
     The scenarios of one ``lane`` run one after another; the lanes run side
-    by side, each on its own of the guest's two CPUs (QEMU emulates each
-    vCPU on a host thread of its own). Scenarios that share a device or
-    state of the guest's (the soft-RoCE device, the RDMA pin root's default
-    instance) share a lane."""
+    by side, sharing the guest's one CPU (GUEST_CPUS). Scenarios that share
+    a device or state of the guest's (the soft-RoCE device, the RDMA pin
+    root's default instance) share a lane."""
     name: str
     command: str
     timeout: float
@@ -340,6 +339,13 @@ class Scenario:
 
 # what a boot costs before the first scenario starts, and after the last ends
 BOOT_ALLOWANCE_S = 240
+# One vCPU, one host thread: the host tiers run beside the VM on a 2-CPU
+# machine, and a second vCPU made three busy threads on two CPUs; a guest
+# vCPU descheduled by the host while the other waits on it (an IPI, a lock)
+# made its I/O scenario take 3.5x its time on an idle host (1,270 s against
+# 368 s). Two vCPUs under TCG also wedged the guest when one patched kernel
+# text (a BPF program attached or detached) that the other was running.
+GUEST_CPUS = 1
 OOPS_NOTE = "first-boot-oops.txt"     # base/this: why the guest was booted a second time
 _SCENARIO_STEP = """mkdir -p {results}
 echo "=== scenario {name}"
@@ -371,7 +377,8 @@ def run_scenarios(scenarios: Iterable[Scenario], base: Path) -> dict[str, VmResu
     boot_error = None
     for attempt in (1, 2):
         try:
-            whole = run_in_vm(script, timeout=budget, cwd=repo, writable=[base], memory="3G")
+            whole = run_in_vm(script, timeout=budget, cwd=repo, writable=[base], memory="3G",
+                              cpus=GUEST_CPUS)
         except VmGuestOops as exc:
             whole, boot_error = None, exc
             if attempt == 1:        # once: said in the tier's budget line and here

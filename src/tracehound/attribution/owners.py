@@ -52,6 +52,11 @@ class Owners:
         with self._lock:
             return self.cgroups.alive(cgroup_id)
 
+    def removed(self, cgroup_id: int) -> bool:
+        """Gone for good: its counters may be retired (CgroupResolver.removed)."""
+        with self._lock:
+            return self.cgroups.removed(cgroup_id)
+
     def path(self, cgroup_id: int) -> str:
         with self._lock:
             return self.cgroups.path(cgroup_id)
@@ -86,11 +91,20 @@ class Owners:
 
     def retain(self, user: str, cgroup_ids: Iterable[int], gone: Iterable[int] = ()) -> None:
         """`user` (a subsystem) refers to these ids now, and to no others;
-        `gone` are ids it found removed (their last values are exported)."""
+        `gone` are ids it found removed (their last values are exported).
+        Nothing is forgotten here: prune() does that, on the agent's
+        schedule, after the subsystems have retired what they hold."""
         with self._lock:
             self._refs[user] = frozenset(cgroup_ids)
-            in_use = frozenset().union(*self._refs.values())
             self._gone.update(gone)
+
+    def prune(self) -> None:
+        """Forget the paths and workloads of removed cgroups no subsystem
+        refers to. Run on the agent's schedule right after the retirements,
+        never at a scrape: the name of a cgroup removed since the last
+        retirement is kept for the next, which exports its counters under it."""
+        with self._lock:
+            in_use = frozenset().union(*self._refs.values())
             for cgid in self._gone - in_use:
                 self.workloads.forget(self.cgroups.path(cgid))
                 self.cgroups.forget(cgid)

@@ -9,6 +9,7 @@ import ctypes
 import errno as errno_mod
 import mmap
 import os
+import sys
 from typing import Iterator
 
 from ..errors import ProbeError, TracehoundError
@@ -174,13 +175,20 @@ class Map:
             return None
         return buf.raw
 
-    def lookup_percpu_u64(self, key: bytes) -> list[int]:
-        """Per-CPU map with u64 values: one value per possible CPU."""
+    def lookup_percpu(self, key: bytes) -> list[bytes]:
+        """Per-CPU map: each possible CPU's value (the kernel pads each to 8
+        bytes); [] when the key is absent."""
         ncpu = libbpf.lib().libbpf_num_possible_cpus()
-        buf = (ctypes.c_uint64 * ncpu)()
+        stride = (self.value_size + 7) & ~7
+        buf = ctypes.create_string_buffer(stride * ncpu)
         if libbpf.lib().bpf_map_lookup_elem(self.fd, key, buf) < 0:
             return []
-        return list(buf)
+        raw = buf.raw
+        return [raw[i * stride:i * stride + self.value_size] for i in range(ncpu)]
+
+    def lookup_percpu_u64(self, key: bytes) -> list[int]:
+        """Per-CPU map with u64 values: one value per possible CPU."""
+        return [int.from_bytes(v[:8], sys.byteorder) for v in self.lookup_percpu(key)]
 
     def delete(self, key: bytes) -> bool:
         return libbpf.lib().bpf_map_delete_elem(self.fd, key) == 0

@@ -4,6 +4,11 @@ A value is a literal, or {type: env, key: VAR, default: ...} read from the
 environment when the experiment is loaded. A string that is exactly
 "${name}" takes the value with its type (a number stays a number); inside
 a longer string it is interpolated as text.
+
+The runner gives every experiment ${run}: six hex digits of its run id, for
+names that two runs on one node must not share (a cgroup, a network
+namespace, an interface: 15 bytes at most). A configuration value may use
+it, e.g. default: /tracehound-chaos-io-throttle-${run}.
 """
 from __future__ import annotations
 
@@ -15,6 +20,14 @@ REF = re.compile(rf"\$\{{({NAME})\}}")
 WHOLE = re.compile(rf"^\$\{{({NAME})\}}$")
 
 
+RUN = "run"
+
+
+def builtins(run_id: str) -> dict:
+    """What every experiment may name without configuring it."""
+    return {RUN: run_id.rsplit("-", 1)[-1][:6]}
+
+
 def check(block) -> list[tuple[str, str]]:
     if block is None:
         return []
@@ -22,6 +35,9 @@ def check(block) -> list[tuple[str, str]]:
         return [("", "configuration must be a mapping of names to values")]
     problems = []
     for key, value in block.items():
+        if key == RUN:
+            problems.append((key, f"'{RUN}' is the runner's: ${{{RUN}}} is this run's id, "
+                                  "for names two runs must not share"))
         if not re.fullmatch(NAME, key):
             problems.append((key, f"configuration name {key!r} must be a word "
                                   "(letters, digits, _ . -)"))
@@ -42,7 +58,10 @@ def check(block) -> list[tuple[str, str]]:
     return problems
 
 
-def resolve(block) -> dict:
+def resolve(block, given: dict | None = None) -> dict:
+    """The configuration's values, with the runner's `given` ones (builtins())
+    substituted into them and added."""
+    given = given or {}
     out = {}
     for key, value in (block or {}).items():
         if isinstance(value, dict) and value.get("type") == "env":
@@ -55,7 +74,7 @@ def resolve(block) -> dict:
                 out[key] = _typed_like(raw, value.get("default"))
         else:
             out[key] = value
-    return out
+    return {**{k: substitute(v, given) for k, v in out.items()}, **given}
 
 
 def _typed_like(raw: str, default):

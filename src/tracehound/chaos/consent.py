@@ -17,6 +17,7 @@ import shlex
 import sys
 from dataclasses import dataclass
 
+from ..printable import escaped
 from .providers import process_argv
 
 CODE_PROVIDERS = ("python", "process")
@@ -37,7 +38,7 @@ class CodeActivity:
 def printable(text: str) -> str:
     """Control characters escaped (a listing must not drive the terminal),
     long values cut."""
-    out = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+    out = escaped(str(text))
     return out if len(out) <= MAX_SHOWN else out[:MAX_SHOWN] + "..."
 
 

@@ -219,13 +219,36 @@ def take_baseline(spec: dict):
         return None
 
 
+def baseline_and_before(spec: dict) -> tuple:
+    """Just before the fault goes in: take_baseline's reading, and the
+    signal's value as the probe will judge it under the fault, which the
+    report sets beside it: a value, run_query's one reading; a rate, mean or
+    increase, a first reading and, `window` seconds later, take_baseline's,
+    the signal between the two. None for what cannot be read."""
+    if not describe(spec):
+        return None, None
+    signal = spec.get("signal", "value")
+    try:
+        if signal == "value":
+            return None, run_query(spec)
+        if spec.get("source", "agent") == "prometheus":
+            return None, None       # Prometheus answers rates itself: a value probe
+        window = SignalWindow(signal, float(spec.get("window", 1.0)))
+        window.add(time.monotonic(), reader(spec)())
+    except (metrics.QueryError, ValueError):
+        return None, None
+    time.sleep(window.window)
+    baseline = take_baseline(spec)
+    return baseline, None if baseline is None else window.add(*baseline)
+
+
 def run_detection(spec: dict, applied_at: float | None, baseline=None,
                   fault: str | None = None) -> dict:
     source = spec.get("source", "agent")
     query = describe(spec)
     result = {"fault": fault, "source": source, "query": query,
               "signal": spec.get("signal", "value"), "predicate": spec.get("predicate"),
-              "detected": False, "mttd_seconds": None, "value": None,
+              "detected": False, "mttd_seconds": None, "value": None, "before": None,
               "tracehound_signal": source == "events" or (
                   source != "process" and bool(query) and "tracehound_" in query),
               "note": spec.get("note", ""), "samples": []}

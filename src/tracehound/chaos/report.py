@@ -1,37 +1,68 @@
 """The run's report: a JSON journal of everything that happened, a readable
-Markdown summary, and a timeline plot when matplotlib is installed."""
+Markdown summary, each detection's signal against its threshold (an SVG,
+signal_svg.py) and a timeline plot when matplotlib is installed."""
 from __future__ import annotations
 
 import json
 import os
 import re
 
+from . import signal_svg
+
 
 def slug(title: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")[:60] or "experiment"
+
+
+# the longest text of an activity's output the JSON journal keeps: a probe of
+# /metrics answers a whole scrape, megabytes on a busy node, and the
+# tolerance was judged on all of it before the journal is written
+KEPT_CHARS = 2000
+
+
+def _bounded(value):
+    """value, with every text longer than KEPT_CHARS cut to its head and its length."""
+    if isinstance(value, str) and len(value) > KEPT_CHARS:
+        return f"{value[:KEPT_CHARS]}... ({len(value):,} characters; the rest is not kept)"
+    if isinstance(value, dict):
+        return {k: _bounded(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_bounded(v) for v in value]
+    return value
 
 
 def write(record: dict, directory: str, plot: bool = True) -> dict[str, str]:
     os.makedirs(directory, exist_ok=True)
     base = os.path.join(directory, f"{slug(record['title'])}-{record['run_id']}")
     paths = {"journal": base + "-journal.json", "markdown": base + ".md"}
-    clean = {**record, "faults": [{k: v for k, v in f.items() if k != "monotonic"}
-                                  for f in record["faults"]]}
+    clean = _bounded({**record, "faults": [{k: v for k, v in f.items() if k != "monotonic"}
+                                           for f in record["faults"]]})
     with open(paths["journal"], "w") as f:
         json.dump(clean, f, indent=2, sort_keys=True, default=str)
+    signals = None
     if plot:
         plot, plot_note = _plot(record, base + "-timeline.png")
+        # no plotting library: on every node, whatever is installed
+        signals = signal_svg.draw(record["detections"], base + "-signals.svg")
     else:
         plot, plot_note = None, "not requested (--no-plot)"
     if plot:
         paths["plot"] = plot
+    if signals:
+        paths["signals"] = signals
     with open(paths["markdown"], "w") as f:
-        f.write(markdown(record, os.path.basename(plot) if plot else None, plot_note))
+        f.write(markdown(record, os.path.basename(plot) if plot else None, plot_note,
+                         os.path.basename(signals) if signals else None))
     return paths
 
 
 def _yes(flag) -> str:
     return "yes" if flag else "no"
+
+
+def _reading(value) -> str:
+    """A probe's reading: "-" where there was none."""
+    return "-" if value is None else _cell(value)
 
 
 def _cell(value) -> str:
@@ -56,7 +87,8 @@ def _hypothesis(lines: list[str], label: str, state) -> None:
         lines.append(f"  - `{probe['name']}`: {verdict} (output {_cell(shown)})")
 
 
-def markdown(record: dict, plot: str | None, plot_note: str) -> str:
+def markdown(record: dict, plot: str | None, plot_note: str,
+             signals: str | None = None) -> str:
     lines = [f"# Chaos experiment: {record['title']}", "", record.get("description", ""), "",
              "| | |", "|---|---|",
              f"| status | **{record['status']}** |",
@@ -97,7 +129,8 @@ def markdown(record: dict, plot: str | None, plot_note: str) -> str:
         lines.append("No detection probe ran.")
     else:
         lines += ["| probe | fault | source | query | signal | detected | seen by tracehound "
-                  "| MTTD | last value | note |", "|---|---|---|---|---|---|---|---|---|---|"]
+                  "| MTTD | before the fault | under the fault (last) | note |",
+                  "|---|---|---|---|---|---|---|---|---|---|---|"]
         for d in record["detections"]:
             mttd = f"{d['mttd_seconds']:.2f} s" if d["mttd_seconds"] is not None else "-"
             signal = f"{d['signal']} {d['predicate']}" if d.get("predicate") else d["signal"]
@@ -109,7 +142,10 @@ def markdown(record: dict, plot: str | None, plot_note: str) -> str:
                 f"| {d['probe']} | `{d['fault']}` | {d['source']} | `{_cell(d['query'] or '-')}` "
                 f"| {_cell(signal)} | **{_yes(d['detected'])}** | "
                 f"{_yes(d['detected'] and d['tracehound_signal'])} | {mttd} | "
-                f"{_cell(d['value'])} | {_cell(note.strip())} |")
+                f"{_reading(d.get('before'))} | {_reading(d['value'])} | "
+                f"{_cell(note.strip())} |")
+    if signals:
+        lines += ["", f"![each signal against its threshold, and before the fault]({signals})"]
     lines += ["", "## Activities", "", "| phase | activity | provider | start | duration | "
               "status | output |", "|---|---|---|---|---|---|---|"]
     runs = [r for s in ("before", "after", "after_rollback") if states.get(s)

@@ -18,7 +18,7 @@ import time
 from ..progress import steps
 from . import faults as catalog
 from . import providers
-from .detection import run_detection, run_query, take_baseline, with_defaults
+from .detection import baseline_and_before, run_detection, run_query, with_defaults
 from .faults import FaultError
 from .journal import Journal, new_run_id
 from .metrics import QueryError
@@ -44,12 +44,14 @@ class Runner:
         self.source = source
         self.journal_dir = journal_dir
         self.out, self.err = out, err
-        self.run_id = new_run_id()
+        # the id validation gave ${run} from, so the run's names carry it
+        self.run_id = exp.run_id or new_run_id()
         self.journal: Journal | None = None
         self.faults: list[dict] = []          # applied (or half-applied) faults
         self.detections: list[dict] = []
         self.timeline: list[dict] = []
         self.baselines: dict[int, object] = {}
+        self.befores: dict[int, float | None] = {}     # each probe's signal before its fault
         self.detect_specs: dict[int, dict] = {}
         self.rollback_failures = 0
         self._rolling_back = False
@@ -245,7 +247,7 @@ class Runner:
             spec = with_defaults(self.exp.method[i]["provider"]["detect"],
                                  fault.detection(args, prepared.state))
             self.detect_specs[i] = spec
-            self.baselines[i] = take_baseline(spec)
+            self.baselines[i], self.befores[i] = baseline_and_before(spec)
         entry = {"id": fid, "action": act["name"], "fault": fault.name, "arguments": args,
                  "targets": prepared.targets, "notes": prepared.notes,
                  "state": prepared.state, "applied_at": None, "monotonic": None,
@@ -326,6 +328,7 @@ class Runner:
                                entry["fault"] if entry else None)
         result["probe"] = act["name"]
         result["action"] = entry["action"] if entry else None
+        result["before"] = self.befores.get(index)
         if result["mttd_seconds"] is not None:
             self.event("detected", act["name"], mttd=result["mttd_seconds"],
                        at=round(entry["applied_at"] + result["mttd_seconds"], 3))

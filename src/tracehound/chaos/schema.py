@@ -10,6 +10,7 @@ from . import faults as catalog
 from . import consent, tolerance
 from .detection import DETECT_KEYS, QUERY_KEYS, check_spec
 from .document import Document, child_path
+from .journal import new_run_id
 from .provider_checks import PROVIDER_KEYS, ProviderChecks
 
 TOP_KEYS = ("version", "title", "description", "tags", "contributions", "extensions",
@@ -46,6 +47,7 @@ class Experiment:
     notes: list = field(default_factory=list)
     # Probed once while validating: some checks shell out or load modules.
     availability: dict[str, catalog.Availability] = field(default_factory=dict)
+    run_id: str = ""          # the run's id, whose ${run} the names were given
 
     @property
     def destructive(self) -> bool:
@@ -58,13 +60,15 @@ def _suggest(word: str, choices) -> str:
 
 
 class Checker(ProviderChecks):
-    def __init__(self, doc: Document, allow_code: bool = False):
+    def __init__(self, doc: Document, allow_code: bool = False, run_id: str | None = None):
         self.doc = doc
         self.allow_code = allow_code
         self.code: list[consent.CodeActivity] = []
         self.notes: list[str] = []
         self.problems: list[Problem] = []
-        self.config: dict = {}
+        self.run_id = run_id or new_run_id()
+        self.given = cfg.builtins(self.run_id)
+        self.config: dict = dict(self.given)
         self.fault_actions: list[str] = []
         self.named: dict[str, dict] = {}
         self.refs: list[tuple[str, str]] = []
@@ -97,7 +101,7 @@ class Checker(ProviderChecks):
         for sub, msg in cfg.check(data.get("configuration")):
             self.add(child_path("configuration", sub) if sub else "configuration", msg)
         if isinstance(data.get("configuration"), dict):
-            self.config = cfg.resolve(data["configuration"])
+            self.config = cfg.resolve(data["configuration"], self.given)
         for part in ("steady-state-hypothesis", "method", "rollbacks"):
             for path, name in cfg.references(data.get(part), part):
                 if name not in self.config:
@@ -117,7 +121,7 @@ class Checker(ProviderChecks):
             hypothesis["probes"] = resolve(hypothesis["probes"])
         exp = Experiment(data["title"], data["description"], hypothesis,
                          resolve(method), resolve(rollbacks), self.faults, self.code,
-                         list(self.notes))
+                         list(self.notes), run_id=self.run_id)
         for _, name in self.faults:
             if name not in exp.availability:
                 exp.availability[name] = catalog.get(name).availability()
@@ -304,11 +308,12 @@ class Checker(ProviderChecks):
             self.add(child_path(path, sub) if sub else path, msg)
 
 
-def validate(doc: Document, allow_code: bool = False) -> tuple[list[Problem],
-                                                                 Experiment | None]:
+def validate(doc: Document, allow_code: bool = False,
+             run_id: str | None = None) -> tuple[list[Problem], Experiment | None]:
     """allow_code: the user consented to running code, so python providers'
-    modules may be imported to check their functions and arguments."""
-    checker = Checker(doc, allow_code)
+    modules may be imported to check their functions and arguments. run_id:
+    the run's (made here when not given), whose ${run} names take."""
+    checker = Checker(doc, allow_code, run_id)
     exp = checker.run()
     problems = sorted(checker.problems, key=lambda p: (p.line or 0, p.path))
     return problems, exp

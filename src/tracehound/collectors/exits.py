@@ -25,7 +25,8 @@ MAX_PENDING = 256
 
 class ExitsCollector:
     """prometheus_client collector over a started ExitsProbe. Counters of a
-    removed cgroup are exported for `retire_after_s` more, then retired.
+    removed cgroup are exported for `retire_after_s` more, then retired by
+    `retire_expired`, on the agent's schedule.
     `detector` (optional) is shown each snapshot before they are retired, so
     an exit just before a cgroup's removal still makes its event even when a
     scrape comes before the detector's next look."""
@@ -53,7 +54,27 @@ class ExitsCollector:
             return set(gone)
         return {c for c, t in self._dead_since.items() if now - t >= self.retire_after_s}
 
+    def retire_expired(self) -> int:
+        """Removed cgroups' counters whose time is up leave the kernel table
+        (and the detector's memory); run on the agent's own schedule
+        (subsystems/exits.py), whether or not anyone scrapes. Returns how many
+        cgroups went."""
+        snap: ExitsSnapshot = self.probe.snapshot()
+        self.owners.new_scrape()
+        counted = snap.cgroup_ids()
+        expired = self._expired(snap, {c for c in counted if self.owners.removed(c)})
+        if expired:
+            now = self.clock()
+            if self.detector is not None:
+                self.detector.observe(snap, now)
+            self.probe.retire(expired)
+            if self.detector is not None:
+                self.detector.forget(expired, now)
+        self.owners.retain(self.name, counted - expired, expired)
+        return len(expired)
+
     def collect(self):
+        """Reads a snapshot and exports it; changes nothing."""
         snap: ExitsSnapshot = self.probe.snapshot()
         self.owners.new_scrape()
         owner = ["cgroup", *WORKLOAD_LABELS]
@@ -87,16 +108,7 @@ class ExitsCollector:
         for name in HEALTH:
             drops.add_metric([name], snap.health.get(name, 0))
 
-        counted = snap.cgroup_ids()
-        expired = self._expired(snap, {c for c in counted if not self.owners.alive(c)})
-        if expired:
-            now = self.clock()
-            if self.detector is not None:
-                self.detector.observe(snap, now)
-            self.probe.retire(expired)
-            if self.detector is not None:
-                self.detector.forget(expired, now)
-        self.owners.retain(self.name, counted - expired, expired)
         yield exits
         yield cores
         yield drops
+

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import array
 import sys
+import threading
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -31,7 +32,12 @@ LABELS = ["cgroup", "mountpoint", "fstype", *WORKLOAD_LABELS]
 BUCKET_BOUNDS = list(zip(range(FIRST_EXPORTED_POW, HIST_SLOTS), LATENCY.bounds))
 # --latency-histograms (defaults.LATENCY_HISTOGRAM_CHOICES): the indexes in
 # LABELS each latency histogram keeps (None: all); the counters keep all.
+# workload-mount keeps every label but the cgroup: one histogram per
+# workload (a Slurm job, step or task, a pod or container, a VM, a unit: the
+# rows of `top`) and mount, over the cgroups it has; the cgroups of no
+# workload, whose workload labels are all empty, share one per mount.
 HISTOGRAM_LABELS = {
+    "workload-mount": tuple(range(1, len(LABELS))),
     "cgroup-mount": None,
     "cgroup": (0, *range(3, len(LABELS))),
     "mount": (1, 2),
@@ -42,11 +48,10 @@ HISTOGRAM_LABELS = {
 _CALLS, _ERRORS, _NOT_FOUND = 2, 2 + len(OPS), 2 + 2 * len(OPS)
 _LAT = 2 + 3 * len(OPS)
 _HIST = _LAT + len(HISTS)
-_HIST_CALLS = [(OPS.index(op), _HIST + h * HIST_SLOTS) for h, op in enumerate(HISTS)]
 _ORDER = sys.byteorder             # array('Q') is in native order
 
 
-# owner_of: a cgroup this agent does not export
+# owner_of: a cgroup this scrape does not export (another node's, or removed)
 _OUT_OF_SCOPE = ("(out of scope)",)
 
 class IoSample:
@@ -83,12 +88,7 @@ class IoSample:
 
     @property
     def calls(self) -> list[int]:
-        v = self.v
-        calls = list(v[_CALLS:_CALLS + len(OPS)])
-        for op, at in _HIST_CALLS:
-            # the kernel counts these calls only in their histogram
-            calls[op] += sum(v[at:at + HIST_SLOTS])
-        return calls
+        return list(self.v[_CALLS:_CALLS + len(OPS)])
 
 
 def _add_to(out: dict, labels: tuple, values: array.array) -> None:
@@ -107,7 +107,10 @@ def _join(owner: tuple[str, ...], mount: tuple[str, str]) -> tuple[str, ...]:
 
 
 class IoCollector:
-    """Collector over a started IoProbe: reads its counters, never its maps."""
+    """Collector over a started IoProbe: a scrape reads its counters and
+    changes nothing. Entries of removed cgroups are retired by `retire_dead`,
+    which the agent runs on its own schedule (subsystems/io.py), whether or
+    not anyone scrapes: the kernel map stays bounded by the cgroups alive."""
 
     name = "io"
 
@@ -127,6 +130,9 @@ class IoCollector:
         self.blocks = Blocks(LABELS)
         self.workload_blocks = Blocks(["cgroup", *WORKLOAD_LABELS])
         self.entries = 0
+        # a scrape's read and a retirement never interleave: an entry is
+        # exported either live or retired, never both in one scrape
+        self._lock = threading.Lock()
 
     def mount_labels(self, mnt: int, flags: int) -> tuple[str, str]:
         # the probe synced the mount table before handing out its counters
@@ -139,57 +145,67 @@ class IoCollector:
             return f"{kind}:{mnt}", "unknown"
         return m.mountpoint, m.fstype
 
-    def _labels(self, key: IoKey) -> tuple[str, ...]:
-        return _join(self.owners.labels(key.cgroup_id), self.mount_labels(key.mnt, key.flags))
-
     def samples(self) -> dict[tuple[str, ...], IoSample]:
-        """Counters to export now per label set.
+        """Counters to export now per label set: the entries of live cgroups
+        and what was retired since the last scrape, once more. A removed
+        cgroup's entries wait for their retirement (seconds): named now,
+        a cgroup removed before it was ever seen could only be "unknown".
+        Label sets are admitted (or folded into overflow) as entries are
+        read, so entries beyond the series cap never pile up."""
+        with self._lock:
+            self.owners.new_scrape()
+            live: dict[tuple[str, ...], IoSample] = {}
+            # looked up once per cgroup and per mount, not once per entry
+            owner_of: dict[int, tuple[str, ...]] = {}
+            mount_of: dict[tuple[int, int], tuple[str, str]] = {}
+            admit = self.book.admit
+            total = 0
+            for key, values in self.probe.stats():
+                total += 1
+                cgid = key.cgroup_id
+                owner = owner_of.get(cgid)
+                if owner is None:
+                    if not self.owners.alive(cgid):
+                        owner = owner_of[cgid] = _OUT_OF_SCOPE
+                    else:
+                        owner = owner_of[cgid] = self.owners.labels(cgid)
+                        if not self.owners.in_scope(owner[0]):   # another node's (--cgroup-scope)
+                            owner = owner_of[cgid] = _OUT_OF_SCOPE
+                if owner is _OUT_OF_SCOPE:
+                    continue
+                mount = mount_of.get((key.mnt, key.flags))
+                if mount is None:
+                    mount = mount_of[key.mnt, key.flags] = self.mount_labels(key.mnt, key.flags)
+                _add_to(live, admit(_join(owner, mount)), values)
+            self.entries = total
+            return self.book.scrape(live)
 
-        Entries of removed cgroups are read one last time, deleted from the
-        kernel map and handed to the series book, which exports them once
-        more: no map growth, and every byte is exported. Label sets are
-        admitted (or folded into overflow) as entries are read, so entries
-        beyond the series cap never pile up."""
-        self.owners.new_scrape()
-        live: dict[tuple[str, ...], IoSample] = {}
-        dead: list[IoKey] = []
-        alive: dict[int, bool] = {}
-        # looked up once per cgroup and per mount, not once per entry
-        owner_of: dict[int, tuple[str, ...]] = {}
-        mount_of: dict[tuple[int, int], tuple[str, str]] = {}
-        admit = self.book.admit
-        total = 0
-        for key, values in self.probe.stats():
-            total += 1
-            cgid = key.cgroup_id
-            owner = owner_of.get(cgid)
-            if owner is _OUT_OF_SCOPE:
-                continue
-            if owner is None:
-                ok = alive.get(cgid)
+    def retire_dead(self) -> int:
+        """Entries of removed cgroups: read one last time, deleted from the
+        kernel map and handed to the series book, which the next scrape
+        exports once more: no map growth, and every byte is exported.
+        Returns how many entries went."""
+        with self._lock:
+            self.owners.new_scrape()
+            kept: dict[int, bool] = {}
+            dead: list[IoKey] = []
+            for key in self.probe.keys():
+                ok = kept.get(key.cgroup_id)
                 if ok is None:
-                    ok = alive[cgid] = self.owners.alive(cgid)
+                    ok = kept[key.cgroup_id] = not self.owners.removed(key.cgroup_id)
                 if not ok:
                     dead.append(key)
-                    continue
-                owner = owner_of[cgid] = self.owners.labels(cgid)
-                if not self.owners.in_scope(owner[0]):   # another node's (--cgroup-scope)
-                    owner_of[cgid] = _OUT_OF_SCOPE
-                    continue
-            mount = mount_of.get((key.mnt, key.flags))
-            if mount is None:
-                mount = mount_of[key.mnt, key.flags] = self.mount_labels(key.mnt, key.flags)
-            _add_to(live, admit(_join(owner, mount)), values)
-        retired: dict[tuple[str, ...], IoSample] = {}
-        # dead before this read, so nothing can add to them any more
-        for key, values in self.probe.retire(dead):
-            labels = self._labels(key)
-            if self.owners.in_scope(labels[0]):
-                _add_to(retired, labels, values)
-        self.entries = total - len(dead)
-        gone = {k.cgroup_id for k in dead}
-        self.owners.retain(self.name, {cg for cg, ok in alive.items() if ok}, gone)
-        return self.book.scrape(live, retired)
+            retired: dict[tuple[str, ...], IoSample] = {}
+            # dead before this read, so nothing can add to them any more; their
+            # names are kept until the pruning that follows this turn
+            for key, values in self.probe.retire(dead):
+                owner = self.owners.labels(key.cgroup_id)
+                if self.owners.in_scope(owner[0]):
+                    _add_to(retired, _join(owner, self.mount_labels(key.mnt, key.flags)), values)
+            self.book.retire(retired)
+            gone = {k.cgroup_id for k in dead}
+            self.owners.retain(self.name, {cg for cg, ok in kept.items() if ok}, gone)
+            return len(dead)
 
     def collect(self):
         samples = self.samples()
@@ -269,8 +285,19 @@ class IoCollector:
         for name in HEALTH:
             fam.add_metric([name], drops[name])
         yield fam
+        timed = self.probe.timed_calls()
+        if timed:
+            fam = CounterMetricFamily(
+                "tracehound_io_latency_timed_calls",
+                "Calls whose latency the kernel timed, all cgroups together. With sampled "
+                "timing, when calls of a kind come fast on a CPU only some are timed, and "
+                "each counts in the latency histograms as the calls it stands for; compare "
+                "with the requests.", labels=["op"])
+            for op, n in timed.items():
+                fam.add_metric([op], n)
+            yield fam
         entries = GaugeMetricFamily("tracehound_map_entries",
-                                    "Entries in a BPF map after this scrape's clean-up.",
+                                    "Entries in a BPF map as this scrape read it.",
                                     labels=["map"])
         entries.add_metric(["io_stats"], self.entries)
         yield entries

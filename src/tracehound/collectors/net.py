@@ -2,10 +2,13 @@
 net probe's kernel counters, and socket state from a sock_diag scan."""
 from __future__ import annotations
 
+import threading
+
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..attribution.owners import Owners
 from ..attribution.workload import WORKLOAD_LABELS
+from ..host import netstat
 from ..host.sockdiag import CgroupTcp, Scan
 
 OWNER = ["cgroup", *WORKLOAD_LABELS]
@@ -21,6 +24,13 @@ COUNTER_FAMILIES = {
                         "by the socket's cgroup."),
 }
 
+NODE_FAMILIES = {
+    "retransmitted": "TCP segments retransmitted by every socket of the agent's network "
+                     "namespace (the node's), whatever its cgroup (/proc/net/snmp RetransSegs).",
+    "sent": "TCP segments sent by every socket of the agent's network namespace (the node's), "
+            "whatever its cgroup (/proc/net/snmp OutSegs).",
+}
+
 
 class NetCollector:
     """prometheus_client collector over a started NetProbe (None when the
@@ -28,36 +38,71 @@ class NetCollector:
 
     name = "net"
 
-    def __init__(self, probe, sockdiag, owners: Owners):
+    def __init__(self, probe, sockdiag, owners: Owners, snmp: str = netstat.SNMP):
         self.probe = probe
         self.sockdiag = sockdiag
         self.owners = owners
+        self.snmp = snmp
+        # removed cgroups' last counters, by labels, until a scrape exports them
+        self._final: dict[tuple, dict[str, int]] = {}
+        self._lock = threading.Lock()
+
+    def retire_removed(self) -> int:
+        """Removed cgroups' counters leave the kernel table on the agent's
+        schedule (subsystems/net.py), whether or not anyone scrapes; their
+        last values wait, under their names, for the next scrape, which
+        exports them once more. Returns how many cgroups went."""
+        if self.probe is None or not self.probe.available:
+            return 0
+        self.owners.new_scrape()
+        counted = self.probe.counters()
+        gone = {cgid for cgid in counted if self.owners.removed(cgid)}
+        with self._lock:
+            for cgid in gone:
+                # named before the pruning that follows this turn forgets it
+                labels = self.owners.labels(cgid)
+                if self.owners.in_scope(labels[0]):
+                    _add(self._final, labels, counted[cgid])
+        if gone:
+            self.probe.retire(gone)
+        self.owners.retain(self.name, set(counted) - gone, gone)
+        return len(gone)
 
     def collect(self):
+        """Reads the counters and a socket scan and exports them; changes nothing."""
         self.owners.new_scrape()
-        counted, gone = {}, set()
         if self.probe is not None and self.probe.available:
-            counted = self.probe.counters()
-            yield from self._counters(counted)
-            # counters of removed cgroups were exported above for the last time
-            gone = {cgid for cgid in counted if not self.owners.alive(cgid)}
-            if gone:
-                self.probe.retire(gone)
+            with self._lock:
+                final, self._final = self._final, {}
+            yield from self._counters(self.probe.counters(), final)
         scan = self.sockdiag.scan()
         yield from self._sockets(scan)
-        self.owners.retain(self.name, (set(counted) - gone) | set(scan.cgroups), gone)
+        # sockets outlive their cgroups: their names are kept while they do
+        self.owners.retain(self.name + "_sockets", scan.cgroups)
         yield from self._health(scan)
+        yield from self._node()
 
-    def _counters(self, counted: dict[int, dict[str, int]]):
+    def _node(self):
+        """The node's TCP counters, every socket's, whatever its cgroup."""
+        counted = netstat.tcp_counters(self.snmp)
+        for name, text in NODE_FAMILIES.items():
+            if name in counted:
+                fam = CounterMetricFamily(f"tracehound_net_node_tcp_{name}_segments", text)
+                fam.add_metric([], counted[name])
+                yield fam
+
+    def _counters(self, counted: dict[int, dict[str, int]], final: dict[tuple, dict[str, int]]):
         active = {name.removeprefix("net.") for name in self.probe.modes()}
         per_owner: dict[tuple, dict[str, int]] = {}
+        for labels, values in final.items():
+            _add(per_owner, labels, values)
         for cgid, values in counted.items():
+            if not self.owners.alive(cgid):
+                continue        # removed: retired on the schedule, exported then
             labels = self.owners.labels(cgid)
             if not self.owners.in_scope(labels[0]):     # another node's (--cgroup-scope)
                 continue
-            sums = per_owner.setdefault(labels, {})
-            for name, n in values.items():
-                sums[name] = sums.get(name, 0) + n
+            _add(per_owner, labels, values)
         for name, (group, family, text) in COUNTER_FAMILIES.items():
             if group not in active:
                 continue        # its hook is missing here: no series rather than zeros
@@ -136,3 +181,9 @@ def merged(a: CgroupTcp, b: CgroupTcp) -> CgroupTcp:
                      a.rtt_sum_us + b.rtt_sum_us, max(a.rtt_max_us, b.rtt_max_us),
                      a.bytes_acked + b.bytes_acked, a.bytes_received + b.bytes_received,
                      a.total_retrans + b.total_retrans, a.backing_off + b.backing_off)
+
+
+def _add(into: dict[tuple, dict[str, int]], labels: tuple, values: dict[str, int]) -> None:
+    sums = into.setdefault(labels, {})
+    for name, n in values.items():
+        sums[name] = sums.get(name, 0) + n

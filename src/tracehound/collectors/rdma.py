@@ -1,6 +1,8 @@
 """RDMA probe snapshots -> Prometheus metric families, at scrape time."""
 from __future__ import annotations
 
+import threading
+
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..attribution.owners import Owners
@@ -18,13 +20,58 @@ class RdmaCollector:
     def __init__(self, probe, owners: Owners):
         self.probe = probe
         self.owners = owners
+        # removed cgroups' last verb counters, keyed as exported, until a
+        # scrape exports them: (op, errno, *labels) and (op, errno, device, *labels)
+        self._final_verbs: dict[tuple, int] = {}
+        self._final_app: dict[tuple, int] = {}
+        self._lock = threading.Lock()
+
+    def retire_removed(self) -> int:
+        """Removed cgroups' verb counters leave the kernel maps on the
+        agent's schedule (subsystems/rdma.py), whether or not anyone scrapes;
+        their last values wait, named, for the next scrape. Returns how many
+        cgroups went."""
+        snap = self.probe.snapshot(objects=False)
+        self.owners.new_scrape()
+        counted = {k[2] for k in snap.verbs} | {k[2] for k in snap.app_verbs}
+        gone = {cgid for cgid in counted if self.owners.removed(cgid)}
+        with self._lock:
+            for (op, err, cgid), n in snap.verbs.items():
+                if cgid in gone:
+                    self._hold(self._final_verbs, cgid, (op, err), n)
+            for (op, err, cgid, dev), n in snap.app_verbs.items():
+                if cgid in gone:
+                    self._hold(self._final_app, cgid, (op, err, dev), n)
+        if gone:
+            self.probe.retire_counters(gone)
+        # QP events are not retired: their owners keep their names
+        self.owners.retain(self.name, (counted - gone) | {k[4] for k in snap.qp_events}, gone)
+        return len(gone)
+
+    def _hold(self, into: dict, cgid: int, key: tuple, n: int) -> None:
+        labels = self.owners.labels(cgid)     # before this turn's pruning forgets it
+        if self.owners.in_scope(labels[0]):
+            k = (*key, *labels)
+            into[k] = into.get(k, 0) + n
+
+    def _labels(self, cgid: int) -> tuple[str, ...] | None:
+        """A live cgroup's labels; None for one this scrape does not export
+        (removed: its counters are exported once retired; another node's)."""
+        if not self.owners.alive(cgid):
+            return None
+        labels = self.owners.labels(cgid)
+        return labels if self.owners.in_scope(labels[0]) else None
 
     def owner_label(self, obj: MirrorObject) -> str:
         return self.owners.path(obj.cgroup_id) if obj.user else KERNEL_OWNER
 
     def collect(self):
+        """Reads a snapshot and exports it; changes nothing."""
         snap = self.probe.snapshot()
         self.owners.new_scrape()
+        with self._lock:
+            final_verbs, self._final_verbs = self._final_verbs, {}
+            final_app, self._final_app = self._final_app, {}
         objects = GaugeMetricFamily(
             "tracehound_rdma_objects",
             "Live RDMA objects in the kernel's resource tracker, mirrored in BPF "
@@ -56,29 +103,26 @@ class RdmaCollector:
         errors = CounterMetricFamily("tracehound_rdma_verb_errors",
                                      "User verbs that returned an error, by errno.",
                                      labels=["op", "errno", *owner])
-        per_call: dict[tuple, int] = {}
+        # (op, errno, *labels) -> calls: live cgroups' and the retired ones' last
+        rows = dict(final_verbs)
         for (op, err, cgid), n in snap.verbs.items():
-            labels = self.owners.labels(cgid)
-            if self.owners.in_scope(labels[0]):
-                key = (op, *labels)
-                per_call[key] = per_call.get(key, 0) + n
+            labels = self._labels(cgid)
+            if labels is not None:
+                rows[(op, err, *labels)] = rows.get((op, err, *labels), 0) + n
+        per_call: dict[tuple, int] = {}
+        for (op, _err, *labels), n in rows.items():
+            per_call[(op, *labels)] = per_call.get((op, *labels), 0) + n
         for key, n in sorted(per_call.items()):
             calls.add_metric(list(key), n)
-        for (op, err, cgid), n in sorted(snap.errors().items()):
-            labels = self.owners.labels(cgid)
-            if self.owners.in_scope(labels[0]):
+        for (op, err, *labels), n in sorted(rows.items()):
+            if err:
                 errors.add_metric([op, errno_name(err), *labels], n)
         yield calls
         yield errors
-        yield from self._app_view(snap, owner)
-        # counters of removed cgroups were exported above for the last time
-        counted = {k[2] for k in snap.verbs} | {k[2] for k in snap.app_verbs} | \
-            {k[4] for k in snap.qp_events}
-        gone = {cgid for cgid in counted if not self.owners.alive(cgid)}
-        if gone:
-            self.probe.retire_counters(gone)
-        self.owners.retain(self.name, {o.cgroup_id for o in snap.objects if o.user}
-                           | {o.cgroup_id for o in snap.app_objects} | (counted - gone), gone)
+        yield from self._app_view(snap, owner, final_app)
+        # objects keep their owners' names while they exist
+        self.owners.retain(self.name + "_objects", {o.cgroup_id for o in snap.objects if o.user}
+                           | {o.cgroup_id for o in snap.app_objects})
 
         events = CounterMetricFamily("tracehound_rdma_async_events",
                                      "Asynchronous events the RDMA core dispatched.",
@@ -117,7 +161,7 @@ class RdmaCollector:
             health.add_metric([name], snap.health.get(name, 0))
         yield health
 
-    def _app_view(self, snap, owner: list):
+    def _app_view(self, snap, owner: list, final: dict[tuple, int]):
         """What libibverbs handed processes, and its calls (uprobes)."""
         libraries = GaugeMetricFamily(
             "tracehound_rdma_app_libraries",
@@ -152,11 +196,13 @@ class RdmaCollector:
             "tracehound_rdma_app_verb_errors",
             "libibverbs calls that failed, by errno ('userspace': a create refused before any "
             "kernel call failed, whose errno is not seen).", labels=["op", "errno", "device", *owner])
+        rows = dict(final)            # (op, errno, device, *labels) -> calls
+        for (op, err, cgid, dev), n in snap.app_verbs.items():
+            labels = self._labels(cgid)
+            if labels is not None:
+                rows[(op, err, dev, *labels)] = rows.get((op, err, dev, *labels), 0) + n
         per_call: dict[tuple, int] = {}
-        for (op, err, cgid, dev), n in sorted(snap.app_verbs.items()):
-            labels = self.owners.labels(cgid)
-            if not self.owners.in_scope(labels[0]):
-                continue
+        for (op, err, dev, *labels), n in sorted(rows.items()):
             key = (op, dev, *labels)
             per_call[key] = per_call.get(key, 0) + n
             if err:

@@ -44,8 +44,6 @@ def add_parser(sub, hook=None) -> None:
 
 
 def cmd_explain(args) -> int:
-    import os
-
     from ..explain import render
     from ..explain.answer import ExplainError
     if args.prometheus and (args.url or args.node):
@@ -63,8 +61,9 @@ def cmd_explain(args) -> int:
             answer = explain(url, args.job, args.window, args.node_label,
                              args.timeline or bool(args.plot))
         else:
-            from ..explain.node import DEFAULT_URL, explain_node
-            url = args.url or os.environ.get("TRACEHOUND_METRICS_URL") or DEFAULT_URL
+            from ..explain.node import explain_node
+            from ..fleet.agent_client import metrics_url
+            url = metrics_url(args.url)
             answer = explain_node(url, args.job, args.window, args.node)
     except ExplainError as exc:
         print(f"tracehound: explain: {exc}", flush=True)

@@ -15,6 +15,7 @@ import syslog
 import time
 
 from .. import defaults
+from ..fleet.agent_client import URL_VARIABLE, metrics_url
 from ..health.check import ERROR, Options, check
 from ..health.rules import CONDITIONS, DEFAULT_CONDITIONS, Rules
 from ..health.slurm import Breaker, Slurm, SlurmError, find_scontrol
@@ -51,7 +52,9 @@ def add_parser(sub, hook) -> None:
                     "flapping, the agent not answering); drain it with the reason, resume "
                     "it when the condition clears, never touching a drain someone else made. "
                     "A fleet breaker bounds the share of a partition it drains.")
-    p.add_argument("--url", default=DEFAULT_URL, help=f"the agent (default {DEFAULT_URL})")
+    p.add_argument("--url", default=None,
+                   help=f"the agent (default ${URL_VARIABLE} without its /metrics, else "
+                        f"{DEFAULT_URL}; slurmd gives its program no environment)")
     p.add_argument("--timeout", type=_positive(float), default=0.5, metavar="SECONDS",
                    help="how long the agent may take to answer; no answer is agent_down "
                         "(default 0.5)")
@@ -106,7 +109,8 @@ def _health(args) -> int:
     try:
         slurm = None if args.check_only else Slurm(find_scontrol(args.scontrol),
                                                    args.slurm_conf, dry_run=args.dry_run)
-        opts = Options(node, args.url, args.timeout,
+        url = args.url or metrics_url(None).removesuffix("/metrics")
+        opts = Options(node, url, args.timeout,
                        Rules(args.conditions, args.rdma_flaps, args.rdma_flap_window),
                        Breaker(args.breaker_percent, args.breaker_min), slurm,
                        args.state_file or os.path.join(defaults.RUN_DIR, f"health-{node}.json"),

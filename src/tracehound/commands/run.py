@@ -79,18 +79,24 @@ def _http_url(value: str) -> str:
     return value
 
 
-def _latency(value: str) -> frozenset[str]:
-    """on, off, or the probes to time: io.read,io.fsync"""
+def _latency(value: str) -> tuple[frozenset[str], bool]:
+    """(the probes to time, whether sampled) of on, off, every, or the
+    probes: io.read,io.fsync (sampled), every:io.fsync (every call)"""
     text = value.strip()
+    sampled = True
+    if text == "every":
+        sampled, text = False, "on"
+    elif text.startswith("every:"):
+        sampled, text = False, text.removeprefix("every:").strip()
     if text in ("on", "off"):
-        return frozenset(defaults.LATENCY_PROBES if text == "on" else ())
+        return frozenset(defaults.LATENCY_PROBES if text == "on" else ()), sampled
     probes = [x.strip() for x in text.split(",")]
     unknown = [p for p in probes if p not in defaults.LATENCY_PROBES]
     if unknown or not text:
         raise argparse.ArgumentTypeError(
-            f"{value!r}: expected on, off, or a comma-separated list of "
-            f"{', '.join(defaults.LATENCY_PROBES)}")
-    return frozenset(probes)
+            f"{value!r}: expected on, off, every, or a comma-separated list of "
+            f"{', '.join(defaults.LATENCY_PROBES)} (every:LIST to time every call of those)")
+    return frozenset(probes), sampled
 
 
 def add_parser(sub, hook) -> None:
@@ -129,17 +135,25 @@ def add_parser(sub, hook) -> None:
                           f"series labelled __overflow__ (default {defaults.MAX_SERIES}, 0: no limit)")
     run.add_argument("--latency-histograms", choices=defaults.LATENCY_HISTOGRAM_CHOICES,
                      default=defaults.LATENCY_HISTOGRAMS,
-                     help="which labels the I/O latency histograms keep: cgroup-mount (every "
-                          "label set, like the counters), cgroup (summed over mounts), mount "
-                          "(summed over cgroups) or off; per label set they are three quarters "
-                          f"of a scrape (default {defaults.LATENCY_HISTOGRAMS}); off also "
-                          "stops the timing, like --latency off")
-    run.add_argument("--latency", type=_latency, default=frozenset(defaults.LATENCY_PROBES),
-                     metavar="on|off|PROBES",
+                     help="which labels the I/O latency histograms keep: workload-mount (one "
+                          "per workload, a Slurm job, step or task, a pod or container, a VM or a "
+                          "unit, and mount; cgroups of no workload share one per mount), cgroup-mount "
+                          "(every label set, like the counters), cgroup (summed over mounts), "
+                          "mount (summed over cgroups) or off; per label set they are three "
+                          f"quarters of a scrape (default {defaults.LATENCY_HISTOGRAMS}); off "
+                          "also stops the timing, like --latency off")
+    run.add_argument("--latency", type=_latency,
+                     default=(frozenset(defaults.LATENCY_PROBES), True),
+                     metavar="on|every|off|PROBES",
                      help="time I/O calls in the kernel for the latency histograms: on "
-                          "(default), off (counters only: bytes, calls and errors stay exact; "
-                          "no clock reads, and in syscall mode no entry hook), or the probes to "
-                          f"time, comma-separated ({', '.join(defaults.LATENCY_PROBES)})")
+                          "(default: sampled, every call while calls of a kind are rare on a "
+                          "CPU, about one per "
+                          f"{defaults.LATENCY_SAMPLE_GAP_NS // 1000} microseconds when they come "
+                          "faster, standing for the calls between), every (every call, two "
+                          "clock reads each), off (counters only, no clock reads, and in "
+                          "syscall mode no entry hook), or the probes to time, comma-separated "
+                          f"({', '.join(defaults.LATENCY_PROBES)}; every:PROBES times every "
+                          "call of those); bytes, calls and errors are exact in every case")
     run.add_argument("--rdma-grace", type=_seconds(0, MAX_GRACE_S), default=defaults.RDMA_GRACE_S,
                      metavar="SECONDS",
                      help="how long RDMA objects may outlive their process, or the mirror "
@@ -241,7 +255,8 @@ def _run(args) -> int:
                            rdma_app_view=args.rdma_app_view == "on",
                            mountinfo=args.mountinfo,
                            latency_histograms=args.latency_histograms,
-                           latency=args.latency, stall_after_s=args.stall_after,
+                           latency=args.latency[0], latency_sampled=args.latency[1],
+                           stall_after_s=args.stall_after,
                            stall_cgroups=args.stall_cgroups,
                            pressure_max_cgroups=args.pressure_max_cgroups,
                            net_max_sockets=args.net_max_sockets,

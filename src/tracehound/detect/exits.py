@@ -31,8 +31,10 @@ CRASH_SIGNALS = frozenset(int(getattr(signal_mod, "SIG" + s)) for s in
                           ("SEGV", "BUS", "ILL", "FPE", "ABRT", "SYS", "TRAP"))
 INTERVAL_S = 1.0
 # how long a retired cgroup's counters are ignored: a look that read the map
-# before they were retired must not take them for new
-RETIRED_FOR_S = 60.0
+# before they were retired must not take them for new. Looks and retirements
+# share the schedule's one thread, so a few of its turns are ample; longer
+# would hold an id for every cgroup a busy node removes meanwhile.
+RETIRED_FOR_S = 10.0
 
 Emit = Callable[[dict], None]
 

@@ -18,6 +18,19 @@ from prometheus_client.core import CounterMetricFamily
 log = logging.getLogger(__name__)
 
 
+class Job:
+    """Housekeeping the schedule runs beside the rules (what a scrape must
+    not do): `action()` every `interval` seconds, under `name`."""
+
+    def __init__(self, name: str, interval: float, action: Callable[[], object]):
+        self.name = name
+        self.interval = interval
+        self.action = action
+
+    def run_once(self, now: float) -> None:
+        self.action()
+
+
 class DetectorSchedule:
     def __init__(self, detectors: Sequence, clock: Callable[[], float] = time.monotonic):
         self.detectors = list(detectors)

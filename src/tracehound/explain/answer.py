@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from dataclasses import asdict, dataclass, field
 
+from ..conditions import BY_GAUGE
 from ..gpu.xid_catalog import FATAL, lookup
 
 # series that name a job on the node that runs it; a job shows in at least one
@@ -66,6 +67,20 @@ def valid_window(window: str) -> None:
 
 def seconds(window: str) -> float:
     return float(window[:-1]) * {"s": 1, "m": 60, "h": 3600, "d": 86400}[window[-1]]
+
+
+def judged(rule, words: dict) -> tuple[int, str, dict]:
+    """(severity, what to do, words `says` needs beyond the labels) of one
+    finding of `rule`: the rule's own, but an XID's from the XID catalog and
+    a node condition's from the conditions `tracehound health` drains on."""
+    if rule.name == "gpu_xid":
+        return (*xid_verdict(words.get("xid", "")), {})
+    if rule.name == "node_unfit":
+        # fleet mode asks for the catalog's conditions only, node mode keeps them only
+        cond = BY_GAUGE[words["condition"]]
+        # a condition health does not drain on by default is worth a look
+        return (rule.severity if cond.drains else 2), cond.action, {"phrase": cond.phrase}
+    return rule.severity, rule.action, {}
 
 
 def xid_verdict(xid: str) -> tuple[int, str]:

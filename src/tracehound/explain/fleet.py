@@ -12,10 +12,10 @@ import statistics
 import time
 
 from ..fleet import prometheus
-from .answer import (JOB_ID, PRESENCE, Answer, ExplainError, Finding, rank, seconds,
-                     valid_window, xid_verdict)
+from .answer import (JOB_ID, PRESENCE, Answer, ExplainError, Finding, judged, rank, seconds,
+                     valid_window)
 from . import timeline
-from .rules import RULES, Rule, fill, grew
+from .rules import RULES, Rule, compared, fill, grew
 
 # what the job did on each node over the window. CPU is the job's own cgroup
 # only (step=""): it is exported at job, step and task level as well, and a
@@ -60,9 +60,12 @@ def explain(url: str, job: str, window: str = "15m", node_label: str = "instance
             node_sel = f"{node_label}=~{prometheus.regex_literal(*nodes)}"
             answer.activity = _activity(ask, job_sel, window, node_label)
             for rule in RULES:
-                answer.findings += _judge(ask, rule, job_sel, node_sel, window, node_label)
+                answer.findings += _judge(ask, rule, job_sel, node_sel, window, node_label,
+                                          alone=len(nodes) == 1)
+            answer.findings = _after_the_job_came(ask, answer.findings, job_sel, window,
+                                                  node_label)
             if with_timeline:
-                _timeline(ask, answer, job_sel, window, node_label)
+                _timeline(ask, answer, job_sel, node_sel, window, node_label)
     except prometheus.PrometheusError as exc:
         raise ExplainError(str(exc)) from None
     answer.findings.sort(key=rank)
@@ -70,15 +73,40 @@ def explain(url: str, job: str, window: str = "15m", node_label: str = "instance
     return answer
 
 
-def _timeline(ask: Asker, answer: Answer, job_sel: str, window: str, label: str) -> None:
+def _timeline(ask: Asker, answer: Answer, job_sel: str, node_sel: str, window: str,
+              label: str) -> None:
     end = time.time()
     span = seconds(window)
     step = timeline.step_of(span)
     start = end - (timeline.COLUMNS - 1) * step
     answer.timeline_start, answer.timeline_step = start, step
     for signal in timeline.SIGNALS:
-        series = ask.over(timeline.query(signal, job_sel, label, step), start, end, step)
+        series = ask.over(timeline.query(signal, job_sel, node_sel, label, step), start, end, step)
         answer.timeline[signal] = timeline.collect(series, start, step, label)
+
+
+def _after_the_job_came(ask: Asker, findings: list[Finding], job_sel: str, window: str,
+                        label: str) -> list[Finding]:
+    """An XID is an event of its GPU's node: one logged before the job came to
+    that node is not the job's. Its `since` (when the count first grew, to the
+    range query's step) is set against the first step the job's series showed
+    there; one range query, asked only when there is an XID to judge. (A node's
+    condition that began earlier and still holds is the job's: not judged.)"""
+    xids = [f for f in findings if f.rule == "gpu_xid" and f.since is not None]
+    if not xids:
+        return findings
+    end = time.time()
+    span = seconds(window)
+    step = max(span / 120, 1.0)
+    presence = " or ".join(f"group by ({label}) ({m}{{{job_sel}}})" for m in PRESENCE)
+    came: dict[str, float] = {}
+    for labels, points in ask.over(presence, end - span, end, step):
+        seen = [t for t, v in points if v == v]
+        if seen:
+            node = labels.get(label, "?")
+            came[node] = min(came.get(node, seen[0]), seen[0])
+    early = {id(f) for f in xids if f.node in came and f.since < came[f.node]}
+    return [f for f in findings if id(f) not in early]
 
 
 def _nodes(ask: Asker, job_sel: str, window: str, label: str) -> list[str]:
@@ -96,7 +124,7 @@ def _activity(ask: Asker, job_sel: str, window: str, label: str) -> dict:
 
 
 def _judge(ask: Asker, rule: Rule, job_sel: str, node_sel: str, window: str,
-           label: str) -> list[Finding]:
+           label: str, alone: bool) -> list[Finding]:
     by = ", ".join((label, *rule.by))
     promql = fill(rule.expr, job=job_sel if rule.job_labelled else node_sel,
                   node=node_sel, window=window, by=by)
@@ -104,29 +132,31 @@ def _judge(ask: Asker, rule: Rule, job_sel: str, node_sel: str, window: str,
     if rule.kind == "grew":
         held = [(labels, value, None) for labels, value in rows if value > 0]
     else:
-        held = outliers(rule, rows, label)
+        held = outliers(rule, rows, label, alone)
     if not held:
         return []
-    since = _since(ask, promql, window, label, rule)
+    since = _since(ask, promql, window, label, rule, alone)
     out = []
     for labels, value, ratio in held:
         node = labels.get(label, "?")
         key = (node, *(labels.get(k, "") for k in rule.by))
         words = {k: labels.get(k, "") for k in rule.by}
-        severity, action = rule.severity, rule.action
-        if rule.name == "gpu_xid":
-            severity, action = xid_verdict(words["xid"])
+        severity, action, more = judged(rule, words)
         says = rule.says.format(value=value, value_s=f"{value * 1000:.1f} ms",
-                                ratio=f"{ratio:.1f}x the median of" if ratio else "above",
-                                **words)
+                                compared=compared(ratio), **words, **more)
         out.append(Finding(rule.name, severity, node, words, round(value, 6), says, action,
                            since.get(key), outlier=ratio is not None))
     return out
 
 
-def outliers(rule: Rule, rows, label: str) -> list[tuple[dict, float, float | None]]:
-    """A node well above the job's other nodes (same mount, same cause);
-    with no other node to compare, only a value far above the floor."""
+def outliers(rule: Rule, rows, label: str,
+             alone: bool) -> list[tuple[dict, float, float | None]]:
+    """A node well above the job's other nodes (same mount, same cause).
+    A job on one node (ALONE) has no yardstick: only a value far above the
+    floor is a finding. A job on several nodes is judged only against them:
+    where no other node has a value yet (a mean latency needs two scrapes,
+    and a node's first one lands before its neighbours' second), a lone
+    value is no finding."""
     groups: dict[tuple, list] = {}
     for labels, value in rows:
         groups.setdefault(tuple(labels.get(k, "") for k in rule.by), []).append((labels, value))
@@ -137,7 +167,7 @@ def outliers(rule: Rule, rows, label: str) -> list[tuple[dict, float, float | No
             if value <= rule.floor:
                 continue
             if not others:
-                if value > rule.floor * rule.factor:
+                if alone and value > rule.floor * rule.factor:
                     out.append((labels, value, None))
                 continue
             median = statistics.median(others)
@@ -146,7 +176,8 @@ def outliers(rule: Rule, rows, label: str) -> list[tuple[dict, float, float | No
     return out
 
 
-def _since(ask: Asker, promql: str, window: str, label: str, rule: Rule) -> dict:
+def _since(ask: Asker, promql: str, window: str, label: str, rule: Rule,
+           alone: bool) -> dict:
     """(node, *by) -> when the rule first held in the window: a count first
     above zero; a node first an outlier among the job's nodes at that time
     (a mean latency is above zero all along: what counts is when it parted
@@ -163,7 +194,7 @@ def _since(ask: Asker, promql: str, window: str, label: str, rule: Rule) -> dict
     for t in sorted(at):
         rows = at[t]
         held = ([(lb, v, None) for lb, v in rows if v > 0] if rule.kind == "grew"
-                else outliers(rule, rows, label))
+                else outliers(rule, rows, label, alone))
         for labels, _v, _r in held:
             first.setdefault((labels.get(label, "?"), *(labels.get(k, "") for k in rule.by)), t)
     return first

@@ -4,13 +4,13 @@ The agent keeps no history, and the counting rules need none: a job's
 counters are born with its cgroup and retired with it (its exits 120 s
 later), so their value on this node is what grew while the job ran here.
 Node mode judges each counting rule over the job's life on this node, not
-over a window. Two rules read something else:
+over a window. Some rules read something else:
 
   gpu_xid      the node's GPU counters are as old as the agent: an XID
                counts when the agent's event log holds it within --window,
                and says when it came;
-  job_stalled, stopped_processes
-               the gauges now (is it stalled, not was it).
+  job_stalled, stopped_processes, node_unfit
+               the gauges now (is it stalled, is a GPU unfit; not was it).
 
 The comparing rules (one node unlike the job's others) need the other
 nodes: fleet mode only. Two reads of the agent: /metrics, /events.
@@ -24,11 +24,11 @@ import time
 
 from ..exporter import text_parse
 from ..fleet.agent_client import open_agent
-from .answer import (JOB_ID, PRESENCE, Answer, ExplainError, Finding, rank, seconds,
+from ..conditions import BY_GAUGE as CONDITION_GAUGES
+from .answer import (JOB_ID, PRESENCE, Answer, ExplainError, Finding, judged, rank, seconds,
                      valid_window, xid_verdict)
 from .rules import RULES, Rule
 
-DEFAULT_URL = "http://127.0.0.1:9560/metrics"
 # what node mode reads at most of each page: a busy node's /metrics is tens
 # of MB; the job's series are a small part, but they are spread over it
 MAX_BYTES = 256 << 20
@@ -53,6 +53,7 @@ def explain_node(url: str, job: str, window: str = "15m", node: str | None = Non
             if rule.metric and rule.job_labelled:
                 answer.findings += _counted(rule, mine.get(rule.metric, []), node)
         answer.findings += _stalled(mine.get("tracehound_workload_stalled", []), node)
+        answer.findings += _unfit(samples.get("tracehound_gpu_health", []), node)
         events_url = metrics_url.removesuffix("/metrics") + "/events?kind=xid"
         answer.findings += _xids(_read(events_url, "application/json"), window, node)
         answer.queries = 2
@@ -112,6 +113,20 @@ def _stalled(rows: list, node: str) -> list[Finding]:
     if not any(v >= 1 for _lb, v in rows):
         return []
     return [Finding(rule.name, rule.severity, node, {}, 1.0, rule.says + " (now)", rule.action)]
+
+
+def _unfit(rows: list, node: str) -> list[Finding]:
+    """The node's GPU conditions that hold now (the gauges keep no past)."""
+    rule = next(r for r in RULES if r.name == "node_unfit")
+    out = []
+    for labels, value in rows:
+        words = {k: labels.get(k, "") for k in rule.by}
+        if value < 1 or words["condition"] not in CONDITION_GAUGES:
+            continue
+        severity, action, more = judged(rule, words)
+        out.append(Finding(rule.name, severity, node, words, 1.0,
+                           rule.says.format(**words, **more) + " (now)", action))
+    return out
 
 
 def _xids(text: str, window: str, node: str) -> list[Finding]:

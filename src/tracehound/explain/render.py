@@ -4,6 +4,7 @@ from __future__ import annotations
 import datetime
 import json
 
+from ..printable import escaped
 from . import timeline
 from .answer import Answer
 
@@ -30,18 +31,10 @@ def _cpu(seconds: float | None) -> str:
     return "-" if seconds is None else f"{seconds:.1f} s"
 
 
-def _shown(line: str) -> str:
-    """A line of the answer with every character that would not print as its
-    Python escape: node names, mounts and devices come from the node, where
-    any user can name a cgroup or a mount, and must not drive the terminal."""
-    if line.isprintable():
-        return line
-    return "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
-                   for c in line)
-
-
 def text(answer: Answer, url: str, with_timeline: bool = True) -> str:
-    return "\n".join(_shown(line) for line in _lines(answer, url, with_timeline))
+    # node names, mounts and devices come from the node, where any user names
+    # a cgroup or a mount: escaped, they cannot drive the terminal
+    return "\n".join(escaped(line) for line in _lines(answer, url, with_timeline))
 
 
 def _lines(answer: Answer, url: str, with_timeline: bool) -> list[str]:

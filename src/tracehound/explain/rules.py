@@ -8,7 +8,8 @@ judged:
   grew      any node where the value is above zero is a finding
   outlier   a node whose value is above `floor` and over `factor` times the
             median of the job's other nodes (one slow rank, one node with
-            retransmits) is a finding; alike nodes are not
+            retransmits) is a finding; alike nodes are not; `says` tells
+            how it stands against them with {compared}
 
 Only series the agent labels with the job are asked, except the GPU's, which
 are the node's: a GPU error on a node the job runs on is the job's problem.
@@ -16,6 +17,8 @@ are the node's: a GPU error on a node the job runs on is the job's problem.
 from __future__ import annotations
 
 from dataclasses import dataclass
+
+from .. import conditions
 
 JOB = "{job}"       # the job's matchers, filled in per question (fill())
 WIN = "{window}"
@@ -37,6 +40,18 @@ def grew(metric: str, matchers: str) -> str:
     sel = f"{metric}{{{matchers}}}"
     last = f"last_over_time({sel}[{WIN}])"
     return f"(clamp_min({last} - {sel} offset {WIN}, 0) or {last})"
+
+
+def mean_latency(histogram: str, matchers: str, window: str) -> str:
+    """Mean latency over the window from a classic histogram (_sum and
+    _count series) or a native one (a Prometheus with native histograms on
+    keeps only that): each label set has one form."""
+    def rate(name: str) -> str:
+        return f"rate({name}{{{matchers}}}[{window}])"
+    return (f"(sum by ({{by}}) ({rate(histogram + '_sum')}) / "
+            f"sum by ({{by}}) ({rate(histogram + '_count')})) or "
+            f"(sum by ({{by}}) (histogram_sum({rate(histogram)})) / "
+            f"sum by ({{by}}) (histogram_count({rate(histogram)})))")
 
 
 @dataclass(frozen=True)
@@ -66,6 +81,19 @@ def counting(name: str, severity: int, metric: str, by: tuple[str, ...], says: s
                 action, job_labelled=job_labelled, metric=metric, match=match)
 
 
+LOSSY_LINK = ("check the node's links and switch port for loss (errors, drops, a flapping "
+              "port); tc qdisc show lists a netem or filter someone left on an interface")
+
+
+def compared(ratio: float | None) -> str:
+    """How an outlier stands against the job's other nodes."""
+    if ratio is None:
+        return "with no other node of the job to compare"
+    if ratio == float("inf"):
+        return "while the job's other nodes had none"
+    return f"{ratio:.1f}x the median of the job's other nodes"
+
+
 RULES: tuple[Rule, ...] = (
     counting("oom_kill", 5, "tracehound_process_exits_total", (),
              "{value:g} process(es) of the job killed by the OOM killer",
@@ -78,6 +106,14 @@ RULES: tuple[Rule, ...] = (
     counting("gpu_xid", 5, "tracehound_gpu_xid_errors_total", ("pci_bus_id", "xid"),
              "{value:g} XID {xid} on GPU {pci_bus_id}", "see the XID catalog's action below",
              job_labelled=False),
+    # the node's fitness, by the conditions `tracehound health` drains on
+    # (conditions.py): each condition's phrase, action and severity come
+    # from there (answer.judged); a fatal XID is also the gpu_xid finding
+    Rule("node_unfit", 5,
+         "max by ({by}) (max_over_time(tracehound_gpu_health{" + JOB + ',condition=~"'
+         + "|".join(c.gauge for c in conditions.GPU) + '"}[' + WIN + "]))",
+         ("pci_bus_id", "condition"), "grew", "GPU {pci_bus_id}: {phrase}", "",
+         job_labelled=False),
     counting("read_errors", 4, "tracehound_io_read_errors_total", ("mountpoint",),
              "{value:g} failed read call(s) on {mountpoint}",
              "check the file system's health and the node's kernel log for that mount"),
@@ -110,15 +146,22 @@ RULES: tuple[Rule, ...] = (
          metric="tracehound_cgroup_processes", match=(("state", "stopped"),)),
     Rule("tcp_retransmits", 3,
          "sum by ({by}) (" + grew("tracehound_net_tcp_retransmits_total", JOB) + ")",
-         (), "outlier", "{value:g} TCP retransmissions, {ratio} the job's other nodes",
-         "check the node's links and switch port for loss (errors, drops, a flapping port)",
-         floor=10),
-    Rule("slow_writes", 2,
-         "sum by ({by}) (rate(tracehound_io_write_latency_seconds_sum{" + JOB + "}[" + WIN + "]))"
-         " / sum by ({by}) (rate(tracehound_io_write_latency_seconds_count{" + JOB + "}[" + WIN
-         + "]))",
+         (), "outlier", "{value:g} TCP retransmissions by the job's sockets, {compared}",
+         LOSSY_LINK, floor=10),
+    # the node's own count, every socket's: a job's sockets carry only their
+    # cgroup v2, which Slurm's cgroup/v1 plugin leaves at the root, and loss
+    # on a node's link shows in all its traffic (the job's, and its peers'
+    # acknowledgements); the job's other nodes are the yardstick
+    Rule("node_tcp_retransmits", 3,
+         "sum by ({by}) (" + grew("tracehound_net_node_tcp_retransmitted_segments_total", JOB)
+         + ")",
+         (), "outlier", "{value:g} TCP segments retransmitted by the node, {compared}",
+         # a node's own count holds every socket's: a busy healthy node
+         # retransmits a few in minutes (10 in 10 min on the bench's cluster)
+         LOSSY_LINK, floor=100, job_labelled=False),
+    Rule("slow_writes", 2, mean_latency("tracehound_io_write_latency_seconds", JOB, WIN),
          ("mountpoint",), "outlier",
-         "mean write latency {value_s} on {mountpoint}, {ratio} the job's other nodes",
+         "mean write latency {value_s} on {mountpoint}, {compared}",
          "look for a throttled cgroup (io.max, blkio), a degraded disk, or a shared file "
          "system server that is slow for this node", floor=0.005),
 )

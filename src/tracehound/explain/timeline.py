@@ -12,15 +12,18 @@ import datetime
 import re
 
 from .answer import Finding
+from .rules import mean_latency
 
-# name -> (PromQL, what one unit is); JOB, BY and RANGE are filled in per question
+# name -> (PromQL, what one unit is); JOB (the job's series), NODE (the
+# series of the job's nodes), BY and RANGE are filled in per question
 SIGNALS = {
     "write": ("sum by (BY) (rate(tracehound_io_write_bytes_total{JOB}[RANGE]))", "B/s"),
     "read": ("sum by (BY) (rate(tracehound_io_read_bytes_total{JOB}[RANGE]))", "B/s"),
-    "write latency": ("sum by (BY) (rate(tracehound_io_write_latency_seconds_sum{JOB}[RANGE]))"
-                      " / sum by (BY) (rate(tracehound_io_write_latency_seconds_count{JOB}"
-                      "[RANGE]))", "s"),
-    "retransmits": ("sum by (BY) (rate(tracehound_net_tcp_retransmits_total{JOB}[RANGE]))", "/s"),
+    "write latency": (mean_latency("tracehound_io_write_latency_seconds", "JOB", "RANGE")
+                      .replace("{by}", "BY"), "s"),
+    # the node's, every socket's: see the node_tcp_retransmits rule
+    "node retransmits": ("sum by (BY) (rate(tracehound_net_node_tcp_retransmitted_segments_total"
+                         "{NODE}[RANGE]))", "/s"),
     "stopped": ('sum by (BY) (tracehound_cgroup_processes{JOB,state="stopped"})', ""),
 }
 COLUMNS = 60
@@ -32,13 +35,13 @@ def step_of(span: float) -> float:
     return max(span / COLUMNS, 1.0)
 
 
-def query(signal: str, job_sel: str, label: str, step: float) -> str:
+def query(signal: str, job_sel: str, node_sel: str, label: str, step: float) -> str:
     expr, _unit = SIGNALS[signal]
     # a rate needs two samples in its range: twice the step, at least 30 s
     rng = f"{max(int(2 * step), 30)}s"
-    values = {"JOB": job_sel, "BY": label, "RANGE": rng}
+    values = {"JOB": job_sel, "NODE": node_sel, "BY": label, "RANGE": rng}
     # one pass: a label named RANGE must not be filled in again
-    return re.sub(r"\b(JOB|BY|RANGE)\b", lambda m: values[m.group(1)], expr)
+    return re.sub(r"\b(JOB|NODE|BY|RANGE)\b", lambda m: values[m.group(1)], expr)
 
 
 def collect(series, start: float, step: float, label: str) -> dict[str, list]:

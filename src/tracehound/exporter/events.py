@@ -25,13 +25,13 @@ import threading
 import urllib.parse
 from collections import deque
 
+from ..logsink import EVENTS_LOGGER
 from .utf8 import valid_json
 
 # the fields that make an event's class; each value cut to this many characters
 CLASS_FIELDS = ("event", "kind", "condition", "severity")
 CLASS_VALUE_CHARS = 64
 
-EVENTS_LOGGER = "tracehound.events"
 # /events?job_id=1234&kind=job_stalled: the fields a reader may filter on
 FILTER_FIELDS = ("job_id", "pod", "namespace", "unit", "vm", "cgroup", "event", "kind")
 FILTER_VALUE_CHARS = 512

@@ -8,6 +8,7 @@ says so, beside how long each collector took.
 from __future__ import annotations
 
 import logging
+import platform
 import sys
 import threading
 import time
@@ -16,7 +17,7 @@ from collections.abc import Iterable
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily, InfoMetricFamily
 
-from .. import __version__
+from .. import __version__, build_commit
 from . import failures
 
 log = logging.getLogger(__name__)
@@ -84,14 +85,19 @@ class AgentInfo:
     def __init__(self, subsystems, layout=None):
         self.subsystems = subsystems
         self.layout = layout        # attribution.cgroup_layout.CgroupLayout
+        # what runs does not change while it runs
+        self.build = {"version": __version__, "commit": build_commit(),
+                      "kernel": platform.release(), "python": platform.python_version()}
 
     def collect(self):
         fam = GaugeMetricFamily("tracehound_probe_info",
                                 "Hook mode each probe runs in (fentry, kprobe, tracepoint).",
                                 labels=["probe", "mode"])
+        modes = set()
         for subsystem in self.subsystems:
             for name, mode in subsystem.modes().items():
                 fam.add_metric([name, mode], 1)
+                modes.add(mode)
         yield fam
         if self.layout is not None:
             key = GaugeMetricFamily(
@@ -101,8 +107,10 @@ class AgentInfo:
                 labels=["key", "layout", "hierarchy"])
             key.add_metric([self.layout.key, self.layout.layout, self.layout.root], 1)
             yield key
-        info = InfoMetricFamily("tracehound_build", "tracehound version.")
-        info.add_metric([], {"version": __version__})
+        info = InfoMetricFamily(
+            "tracehound_build", "What runs: tracehound's version and the commit it was built "
+            "from, the kernel, Python, and the hook modes its probes run in.")
+        info.add_metric([], {**self.build, "hook_modes": ",".join(sorted(modes))})
         yield info
         # RSS also moves with allocator fragmentation; the count of live
         # Python blocks only grows if the agent keeps what it should drop.

@@ -13,7 +13,9 @@ the number of label sets must stay bounded. SeriesBook keeps both promises:
 
 Samples are any objects with a `merge(other)` method and a zero-argument
 constructor (`factory`). The live samples handed to `scrape` are adopted,
-not copied: the caller builds them fresh for each scrape.
+not copied: the caller builds them fresh for each scrape. Retired values
+may come between scrapes (`retire`, on the agent's own schedule): each is
+exported by the next scrape, whenever that is.
 """
 from __future__ import annotations
 
@@ -31,6 +33,8 @@ class SeriesBook(Generic[S]):
         self._admitted: set[Hashable] = set()
         self._folded: set[Hashable] = set()
         self._base: dict[Hashable, S] = {}
+        # label sets retired into since the last scrape: it exports them once more
+        self._pending: set[Hashable] = set()
         self.folded_total = 0             # label sets ever sent to overflow
 
     def admit(self, labels: Labels) -> Labels:
@@ -45,21 +49,25 @@ class SeriesBook(Generic[S]):
             self.folded_total += 1
         return self.overflow
 
-    def scrape(self, live: dict[Labels, S], retired: dict[Labels, S]) -> dict[Labels, S]:
-        """Label set -> sample to export now. `live` are the current values of
-        entries still in the map; `retired` the final values of entries that
-        were just deleted from it."""
-        out: dict[Labels, S] = {}
-        just_retired = set()
+    def retire(self, retired: dict[Labels, S]) -> None:
+        """The final values of entries just deleted from the map: added to
+        their label set's base, which the next scrape exports."""
         for labels, sample in retired.items():
             key = self.admit(labels)
             base = self._base.get(key)
             if base is None:
                 base = self._base[key] = self.factory()
             base.merge(sample)
-            just_retired.add(key)
+            self._pending.add(key)
             if key == self.overflow:
                 self._folded.discard(labels)
+
+    def scrape(self, live: dict[Labels, S]) -> dict[Labels, S]:
+        """Label set -> sample to export now: `live` are the current values of
+        entries still in the map, and what `retire` was given since the last
+        scrape is exported once more."""
+        out: dict[Labels, S] = {}
+        just_retired, self._pending = self._pending, set()
         in_use = set()
         for labels, sample in live.items():
             key = self.admit(labels)

@@ -11,6 +11,9 @@ password ever sits on a command line:
 
 Without them, https URLs are verified against the system's CAs (or
 SSL_CERT_FILE) and no credentials are sent.
+
+Which agent: every client (top, explain, health, the chaos examples) reads
+the URL it is given, else TRACEHOUND_METRICS_URL, else the local agent's.
 """
 from __future__ import annotations
 
@@ -19,6 +22,17 @@ import os
 import ssl
 import urllib.request
 from typing import Mapping, Optional
+
+from .. import defaults
+
+URL_VARIABLE = "TRACEHOUND_METRICS_URL"
+DEFAULT_METRICS_URL = f"http://{defaults.LISTEN}/metrics"
+
+
+def metrics_url(given: Optional[str] = None, env: Mapping[str, str] = os.environ) -> str:
+    """The agent's /metrics URL a client reads: `given`, else the variable,
+    else the local agent's."""
+    return given or env.get(URL_VARIABLE) or DEFAULT_METRICS_URL
 
 
 def tls_context(env: Mapping[str, str] = os.environ) -> Optional[ssl.SSLContext]:

@@ -30,10 +30,11 @@ import time
 from typing import Callable
 
 from .. import defaults
+from ..conditions import GPU as GPU_CONDITIONS
 from .xid_catalog import FATAL, lookup
 
-CONDITIONS = ("lost", "uncorrectable_ecc_pending", "row_remap_failure", "thermal_slowdown",
-              "nvlink_down", "recent_fatal_xid")
+# the condition labels, as health and explain know them too (conditions.py)
+CONDITIONS = tuple(c.gauge for c in GPU_CONDITIONS)
 THERMAL_REASONS = frozenset({"sw_thermal_slowdown", "hw_thermal_slowdown"})
 FALLEN_OFF_BUS_XID = 79
 

@@ -28,21 +28,16 @@ from dataclasses import dataclass, field
 
 from prometheus_client.parser import text_string_to_metric_families
 
+from .. import conditions
 from ..gpu.xid_catalog import FATAL, lookup
 
-GPU_CONDITIONS = {"lost": "gpu_lost", "recent_fatal_xid": "recent_fatal_xid",
-                  "uncorrectable_ecc_pending": "uncorrectable_ecc_pending",
-                  "row_remap_failure": "row_remap_failure", "nvlink_down": "nvlink_down",
-                  "thermal_slowdown": "thermal_slowdown"}
-CONDITIONS = ("agent_down", "gpu_lost", "recent_fatal_xid", "uncorrectable_ecc_pending",
-              "row_remap_failure", "nvlink_down", "thermal_slowdown", "rdma_port_down",
-              "rdma_port_flapping")
-DEFAULT_CONDITIONS = frozenset(CONDITIONS) - {"thermal_slowdown"}
-PHRASES = {"gpu_lost": "GPU lost (fallen off the bus or not answering NVML)",
-           "uncorrectable_ecc_pending": "uncorrectable ECC error, reset pending",
-           "row_remap_failure": "GPU memory row remap failed",
-           "nvlink_down": "NVLink down",
-           "thermal_slowdown": "GPU thermal slowdown"}
+# the conditions and their phrases are shared with the agent's detector and
+# with explain (conditions.py); agent_down is the check's own
+GPU_CONDITIONS = {c.gauge: c.name for c in conditions.GPU}
+CONDITIONS = ("agent_down", *(c.name for c in conditions.CONDITIONS))
+DEFAULT_CONDITIONS = frozenset({"agent_down", *(c.name for c in conditions.CONDITIONS
+                                                if c.drains)})
+PHRASES = {c.name: c.phrase for c in conditions.CONDITIONS}
 ACTIVE_STATES = (4, 5)          # ACTIVE, ACTIVE_DEFER
 # Only the series the rules read are parsed: an agent's /metrics may hold
 # thousands of I/O series, and the check must stay well under a second.

@@ -147,8 +147,6 @@ static __always_inline bool timed(__u32 op)
 	return settings.timed_ops & (1u << op);
 }
 
-#include "io_clocks.bpf.h"
-
 static __always_inline __u32 log2_slot(__u64 v)
 {
 	__u32 r = 0, shift;
@@ -161,6 +159,15 @@ static __always_inline __u32 log2_slot(__u64 v)
 	r |= (v >> 1);
 	return r < HIST_SLOTS ? r : HIST_SLOTS - 1;
 }
+
+static __always_inline int hist_of(__u32 op)
+{
+	return op == OP_READ ? HIST_READ : op == OP_WRITE ? HIST_WRITE :
+	       op == OP_FSYNC ? HIST_FSYNC : HIST_NONE;
+}
+
+#include "io_sample.bpf.h"
+#include "io_clocks.bpf.h"
 
 /* true when the super block's file system type is on the skip list */
 static __always_inline bool skip_sb(struct super_block *sb)
@@ -376,16 +383,16 @@ static __always_inline struct io_stats *stats_of(struct io_key *key)
 }
 
 /* Count one call. `delta` is its latency when it was timed, 0 when not
- * (latency off for the op, or the call began before the probe attached):
- * a timed call is counted in its histogram, any other in calls[op], and the
- * scrape adds the two, so every call is counted exactly once. */
+ * (latency off for the op, not sampled, or the call began before the probe
+ * attached): every call is counted in calls[op], exactly; a timed one is
+ * also counted in its histogram as `weight` calls of its latency (1 when
+ * every call is timed, the calls its sample stands for otherwise). */
 static __always_inline void account_cg(__u64 cgroup_id, __u32 mnt, __u32 flags, __u32 op,
-				       long ret, __u64 delta)
+				       long ret, __u64 delta, __u32 weight)
 {
 	struct io_key key = { .cgroup_id = cgroup_id, .mnt = mnt, .flags = flags };
 	struct io_stats *s = stats_of(&key);
-	int hist = op == OP_READ ? HIST_READ : op == OP_WRITE ? HIST_WRITE :
-		   op == OP_FSYNC ? HIST_FSYNC : HIST_NONE;
+	int hist = hist_of(op);
 
 	if (!s)
 		return;
@@ -400,23 +407,23 @@ static __always_inline void account_cg(__u64 cgroup_id, __u32 mnt, __u32 flags, 
 		__sync_fetch_and_add(&s->errors[op], 1);
 	else if (op <= OP_WRITE)
 		__sync_fetch_and_add(&s->bytes[op], ret);
+	__sync_fetch_and_add(&s->calls[op], 1);
 	if (delta && hist >= 0 && hist < HIST_MAX) {
-		__sync_fetch_and_add(&s->lat_sum_ns[hist], delta);
-		__sync_fetch_and_add(&s->hist[hist][log2_slot(delta)], 1);
-	} else {
-		__sync_fetch_and_add(&s->calls[op], 1);
+		__sync_fetch_and_add(&s->lat_sum_ns[hist], delta * weight);
+		__sync_fetch_and_add(&s->hist[hist][log2_slot(delta)], weight);
 	}
 }
 
 static __always_inline void account_in(struct task_struct *task, __u32 mnt, __u32 flags, __u32 op,
-				       long ret, __u64 delta)
+				       long ret, __u64 delta, __u32 weight)
 {
-	account_cg(cgroup_id_of(task), mnt, flags, op, ret, delta);
+	account_cg(cgroup_id_of(task), mnt, flags, op, ret, delta, weight);
 }
 
-static __always_inline void account(__u32 mnt, __u32 flags, __u32 op, long ret, __u64 delta)
+static __always_inline void account(__u32 mnt, __u32 flags, __u32 op, long ret, __u64 delta,
+				    __u32 weight)
 {
-	account_in(bpf_get_current_task_btf(), mnt, flags, op, ret, delta);
+	account_in(bpf_get_current_task_btf(), mnt, flags, op, ret, delta, weight);
 }
 
 #include "io_async.bpf.h"

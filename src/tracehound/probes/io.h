@@ -45,11 +45,11 @@ struct io_key {
 struct io_stats {
 	struct io_key owner;
 	__u64 bytes[2];          /* OP_READ, OP_WRITE: bytes actually transferred */
-	__u64 calls[OP_MAX];     /* timed calls are counted in hist instead */
+	__u64 calls[OP_MAX];     /* every call, timed or not */
 	__u64 errors[OP_MAX];    /* every error but a name lookup's ENOENT */
 	__u64 not_found[OP_MAX]; /* ENOENT from open..rename: a name that is not there */
-	__u64 lat_sum_ns[HIST_MAX];
-	__u64 hist[HIST_MAX][HIST_SLOTS];
+	__u64 lat_sum_ns[HIST_MAX];          /* of the timed calls, each times its weight */
+	__u64 hist[HIST_MAX][HIST_SLOTS];    /* timed calls, each counted as its weight */
 	__u64 cache_fill;        /* bytes of file pages added to the page cache */
 };
 
@@ -73,6 +73,25 @@ struct io_settings {
 	__u32 tp_ops;         /* bit per enum io_op counted by the syscall hooks, and TP_* */
 	__u32 timed_ops;      /* bit per enum io_op whose latency is measured */
 	__u32 slots;          /* max_entries of io_stats and io_slots */
+	__u32 sample_gap_ns;  /* sampled timing: aim for one timed call of a kind per
+			       * CPU per this many ns; 0: time every call */
+};
+
+/* Sampled timing, per CPU and histogram (io_samplers): while calls of a kind
+ * come fast on a CPU, one call in an interval of about 2^k is timed and its
+ * latency stands for all the calls since the last timed one (its weight);
+ * each timed call sets k from the call rate it measured, so rare calls are
+ * always timed, and so is the first call of a kind on a CPU in each tick or
+ * from another task. */
+#define SAMPLE_K_MAX 8        /* intervals average at most 2^8 calls */
+
+struct io_sampler {
+	__u64 last_ts;        /* start of the last timed call */
+	__u64 timed;          /* calls timed */
+	__u64 tick;           /* jiffies at the last call */
+	__u64 task;           /* the task that made it */
+	__u32 since;          /* calls since the last timed one */
+	__u32 interval;       /* the next timed call is the interval-th */
 };
 
 #define FSTYPE_LEN 16

@@ -59,7 +59,9 @@ CACHE_FILL = N_FIELDS - 1            # index of cache_fill among the counters
 LAYOUTS = (
     IO_KEY, IO_STATS,
     Layout("io_settings", [("agent_mnt_ns", "I"), ("tp_ops", "I"), ("timed_ops", "I"),
-                           ("slots", "I")]),
+                           ("slots", "I"), ("sample_gap_ns", "I")]),
+    Layout("io_sampler", [("last_ts", "Q"), ("timed", "Q"), ("tick", "Q"), ("task", "Q"),
+                          ("since", "I"), ("interval", "I")]),
     Layout("fstype_name", [("name", f"{FSTYPE_LEN}s")]),
     Layout("mnt_lpm_key", [("prefixlen", "I"), ("path", f"{PATH_LEN}s")]),
     Layout("mnt_lpm_value", [("mnt_id", "I"), ("skip", "I")]),
@@ -70,7 +72,9 @@ LAYOUTS = (
 )
 KEY = IO_KEY.struct
 SETTINGS = LAYOUTS[2].struct
+SAMPLER = LAYOUTS[3]
 SLOT = struct.Struct("=I")
+U64 = struct.Struct("=Q")
 
 # Syscall mode: two raw tracepoints serve every group; settings.tp_ops tells
 # them which operations are theirs to count.
@@ -227,6 +231,9 @@ class IoProbeConfig:
     # entry hook at all
     latency: frozenset[str] = frozenset(HISTS)
     cgroup_key: str = "v2"       # the hierarchy counted by (cgroup_key.py)
+    # sampled timing (io_sample.bpf.h): about one timed call of a kind per
+    # CPU per this many ns when calls come faster; 0: every call is timed
+    sample_gap_ns: int = defaults.LATENCY_SAMPLE_GAP_NS
 
 
 class IoProbe:
@@ -274,14 +281,14 @@ class IoProbe:
             tp_ops = sum(op_mask(p.group.name) for p in self.plans if p.mode == "tracepoint")
             obj.map(SETTINGS_MAP).set_initial_value(SETTINGS.pack(
                 self.mounts.mount_namespace_inode(), tp_ops, timed_mask(latency),
-                self.config.max_entries))
+                self.config.max_entries, self.config.sample_gap_ns))
             set_cgroup_key(obj, self.config.cgroup_key)
             obj.load()
             self.obj = obj
             # held for the probe's life: a Map remembers whether batch lookups work
             self._maps = {name: obj.map(name) for name in
-                          ("io_stats", "io_slots", "free_slots", "io_health", "skip_fstypes",
-                           "mounts_by_path", MOUNTS_SEEN_MAP)}
+                          ("io_stats", "io_slots", "free_slots", "io_health", "io_samplers",
+                           "skip_fstypes", "mounts_by_path", MOUNTS_SEEN_MAP)}
             self._counters = self._maps["io_stats"].memory()
             self._configure()
             obj.attach_all()
@@ -376,18 +383,21 @@ class IoProbe:
         for k, v in self._entries():
             yield IoKey(*unpack(k)), decode_values(v)
 
+    def keys(self) -> Iterator[IoKey]:
+        """Every registered (cgroup, mount) key, its counters left undecoded."""
+        unpack = KEY.unpack
+        for k, _raw in self._entries():
+            yield IoKey(*unpack(k))
+
     def progress(self) -> dict[int, int]:
         """cgroup id -> a number that grows with every byte moved and every
-        call made in it (the stall detector's I/O source). Bytes, calls, the
-        latency sum of timed calls, which are counted in histograms, not
-        calls, and page-cache fills; errors are not progress."""
-        lat = 2 + 3 * len(OPS)
+        call made in it (the stall detector's I/O source): bytes, calls and
+        page-cache fills; errors are not progress."""
         out: dict[int, int] = {}
         for k, v in self._entries():
             a = decode_values(v)
             cgid = KEY.unpack(k)[0]
-            out[cgid] = (out.get(cgid, 0) + sum(a[:2 + len(OPS)]) + sum(a[lat:lat + len(HISTS)])
-                         + a[CACHE_FILL])
+            out[cgid] = out.get(cgid, 0) + sum(a[:2 + len(OPS)]) + a[CACHE_FILL]
         return out
 
     def _entries(self) -> Iterator[tuple[bytes, bytes]]:
@@ -434,6 +444,17 @@ class IoProbe:
         health = self._maps["io_health"]
         return {name: sum(health.lookup_percpu_u64(struct.pack("I", i)))
                 for i, name in enumerate(HEALTH)}
+
+    def timed_calls(self) -> dict[str, int]:
+        """op (of HISTS) -> calls whose latency was timed, summed over CPUs;
+        {} when every call is timed (the requests say how many)."""
+        if not self.config.sample_gap_ns or "io_samplers" not in self._maps:
+            return {}
+        samplers = self._maps["io_samplers"]
+        timed = SAMPLER.offsets()["timed"][0]
+        return {op: sum(U64.unpack_from(v, timed)[0]
+                        for v in samplers.lookup_percpu(struct.pack("I", h)))
+                for h, op in enumerate(HISTS) if op in self.config.latency}
 
     # -- reporting ------------------------------------------------------------
     def modes(self) -> dict[str, str]:

@@ -84,8 +84,9 @@ static __always_inline int uring_op(__u8 opcode)
 }
 
 /* When each timed request was submitted, in a slot picked by its address:
- * one 64-bit word holding 24 more bits of the address (to tell requests
- * sharing a slot apart) and the low 40 bits of the submission time in ns
+ * one 64-bit word holding 15 more bits of the address (to tell requests
+ * sharing a slot apart), the weight of the sample (9 bits: intervals are
+ * below 2^(SAMPLE_K_MAX+1)) and the low 40 bits of the submission time in ns
  * (latencies up to 18 minutes), so a reader on another CPU never sees half
  * an entry and no helper call is made. A request whose slot another one
  * took meanwhile, or that was in flight when the probe attached, is
@@ -93,11 +94,14 @@ static __always_inline int uring_op(__u8 opcode)
 #define URING_SLOTS 16384
 #define URING_TS_BITS 40
 #define URING_TS_MASK ((1ULL << URING_TS_BITS) - 1)
+#define URING_WEIGHT_BITS 9
+#define URING_WEIGHT_MASK ((1ULL << URING_WEIGHT_BITS) - 1)
+#define URING_TAG_SHIFT (URING_TS_BITS + URING_WEIGHT_BITS)
 __u64 uring_starts[URING_SLOTS];
 
 static __always_inline __u64 *uring_slot(__u64 req, __u64 *tag)
 {
-	*tag = (req >> 22) & 0xffffff;
+	*tag = (req >> 22) & 0x7fff;
 	return &uring_starts[(req >> 8) & (URING_SLOTS - 1)];
 }
 
@@ -113,12 +117,17 @@ static __always_inline __u64 *uring_slot(__u64 req, __u64 *tag)
 static __always_inline void uring_submitted(void *req)
 {
 	int op = uring_op(REQ_OPCODE(req));
-	__u64 tag, *slot;
+	__u64 tag, *slot, now;
+	__u32 weight;
 
 	if (op < 0 || !timed(op))
 		return;
+	now = sample_start(op, &weight);
+	if (!now)
+		return;
 	slot = uring_slot((__u64)req, &tag);
-	*slot = tag << URING_TS_BITS | (bpf_ktime_get_ns() & URING_TS_MASK);
+	*slot = tag << URING_TAG_SHIFT | (weight & URING_WEIGHT_MASK) << URING_TS_BITS |
+		(now & URING_TS_MASK);
 }
 
 /* The submit event's name since 6.5, and before; the request comes first.
@@ -161,6 +170,7 @@ static __always_inline void uring_done(void *ptr)
 	struct io_kiocb *req;
 	struct file *file;
 	__u64 delta = 0, tag, seen, *slot;
+	__u32 weight = 0;
 	long res;
 	int op, mnt;
 
@@ -197,12 +207,13 @@ static __always_inline void uring_done(void *ptr)
 	if (timed(op)) {
 		slot = uring_slot((__u64)ptr, &tag);
 		seen = *slot;
-		if (seen && seen >> URING_TS_BITS == tag) {
+		if (seen && seen >> URING_TAG_SHIFT == tag) {
 			delta = (bpf_ktime_get_ns() - seen) & URING_TS_MASK;
+			weight = (seen >> URING_TS_BITS) & URING_WEIGHT_MASK;
 			*slot = 0;
 		}
 	}
-	account_cg(submitter_cgroup(task), mnt, 0, op, res, delta);
+	account_cg(submitter_cgroup(task), mnt, 0, op, res, delta, weight);
 }
 
 SEC("raw_tp/io_uring_complete")
@@ -260,15 +271,15 @@ static __always_inline void copy_done(struct task_struct *task, long fd_in, long
 
 	if (is_err(ret)) {
 		if (out >= 0)
-			account_in(task, out, 0, OP_WRITE, ret, 0);
+			account_in(task, out, 0, OP_WRITE, ret, 0, 0);
 		else if (in >= 0)
-			account_in(task, in, 0, OP_READ, ret, 0);
+			account_in(task, in, 0, OP_READ, ret, 0, 0);
 		return;
 	}
 	if (in >= 0)
-		account_in(task, in, 0, OP_READ, ret, 0);
+		account_in(task, in, 0, OP_READ, ret, 0, 0);
 	if (out >= 0)
-		account_in(task, out, 0, OP_WRITE, ret, 0);
+		account_in(task, out, 0, OP_WRITE, ret, 0, 0);
 }
 
 static long aio_event(__u32 i, void *ctx)
@@ -300,7 +311,7 @@ static long aio_event(__u32 i, void *ctx)
 	}
 	mnt = fd_mount(task, cmd.fildes);
 	if (mnt >= 0)
-		account_in(task, mnt, 0, op, ev.res, 0);
+		account_in(task, mnt, 0, op, ev.res, 0, 0);
 	return 0;
 }
 

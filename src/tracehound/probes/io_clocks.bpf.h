@@ -10,9 +10,14 @@
 enum clock_user { CLOCK_SYSCALL = 0, CLOCK_VFS, CLOCKS };
 
 struct clock {
-	__u64 ts;      /* 0: no call in flight */
+	__u64 ts;      /* 0: no call in flight; CLOCK_UNTIMED: one not sampled */
 	long id;       /* syscall number, or op for VFS calls */
+	__u32 weight;  /* the calls a timed one stands for (io_sample.bpf.h) */
 };
+
+/* ts of a call in flight that is not timed: exit then knows it has no start
+ * to look for elsewhere (no clock reads 1 ns after boot) */
+#define CLOCK_UNTIMED 1
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -42,19 +47,23 @@ static __always_inline struct clock *clock_slot(__u32 user)
 	return bpf_map_lookup_elem(&clocks, &key);
 }
 
-static __always_inline void clock_start(__u32 user, long id)
+static __always_inline void clock_start(__u32 user, long id, __u32 op)
 {
 	struct clock *c = clock_slot(user);
+	__u32 weight;
+	__u64 ts = sample_start(op, &weight);
 
 	if (!c)
 		return;
-	c->ts = bpf_ktime_get_ns();
 	c->id = id;
+	c->ts = ts ? ts : CLOCK_UNTIMED;
+	c->weight = weight;
 }
 
-/* ns since this call's clock_start, or 0 when it has none (it began before
- * the probe was attached) */
-static __always_inline __u64 clock_stop(__u32 user, struct task_struct *task, long id)
+/* ns since this call's clock_start, or 0 when it has none (not sampled, or
+ * it began before the probe was attached); *weight: the calls it stands for */
+static __always_inline __u64 clock_stop(__u32 user, struct task_struct *task, long id,
+					__u32 *weight)
 {
 	struct clock *c = clock_slot(user);
 	struct moved_clocks *moved;
@@ -63,13 +72,16 @@ static __always_inline __u64 clock_stop(__u32 user, struct task_struct *task, lo
 	if (!c || user >= CLOCKS)
 		return 0;
 	if (c->ts) {
-		if (c->id == id)
+		if (c->id == id && c->ts != CLOCK_UNTIMED) {
 			ts = c->ts;
+			*weight = c->weight;
+		}
 		c->ts = 0;
 	} else {
 		moved = bpf_task_storage_get(&moved_clocks, task, 0, 0);
 		if (moved && moved->c[user].ts && moved->c[user].id == id) {
 			ts = moved->c[user].ts;
+			*weight = moved->c[user].weight;
 			moved->c[user].ts = 0;
 		}
 	}
@@ -83,6 +95,10 @@ static __always_inline void move_clock(__u32 user, struct task_struct *prev)
 
 	if (!c || !c->ts || user >= CLOCKS)
 		return;
+	if (c->ts == CLOCK_UNTIMED) {   /* nothing to carry: exit counts it untimed */
+		c->ts = 0;
+		return;
+	}
 	moved = bpf_task_storage_get(&moved_clocks, prev, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
 	if (moved)
 		moved->c[user] = *c;

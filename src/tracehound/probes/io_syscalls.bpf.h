@@ -63,7 +63,7 @@ int BPF_PROG(tp_sys_enter, struct pt_regs *regs, long id)
 	int op = syscall_op(id);
 
 	if (tp_counts(op) && timed(op))
-		clock_start(CLOCK_SYSCALL, id);
+		clock_start(CLOCK_SYSCALL, id, op);
 	return 0;
 }
 
@@ -91,9 +91,9 @@ static __always_inline void tp_open_exit(struct task_struct *task, long id, stru
 	mnt = ret >= 0 ? fd_mount(task, ret) : path_mount(task, dirfd, path);
 	if (mnt < 0)
 		return;
-	account_in(task, mnt, 0, OP_OPEN, ret, 0);
+	account_in(task, mnt, 0, OP_OPEN, ret, 0, 0);
 	if (flags & O_CREAT)
-		account_in(task, mnt, 0, OP_CREATE, ret, 0);
+		account_in(task, mnt, 0, OP_CREATE, ret, 0, 0);
 }
 
 /* copies and AIO reaps (io_async.bpf.h), for the groups in this mode */
@@ -117,6 +117,7 @@ int BPF_PROG(tp_sys_exit, struct pt_regs *regs, long ret)
 	int op = syscall_op(id), mnt;
 	struct task_struct *task;
 	__u64 delta = 0;
+	__u32 weight = 0;
 
 	if (!tp_counts(op)) {
 		if (op < 0 && (settings.tp_ops & (TP_COPY | TP_AIO)))
@@ -127,7 +128,7 @@ int BPF_PROG(tp_sys_exit, struct pt_regs *regs, long ret)
 	switch (op) {
 	case OP_READ: case OP_WRITE: case OP_FSYNC:
 		if (timed(op))
-			delta = clock_stop(CLOCK_SYSCALL, task, id);
+			delta = clock_stop(CLOCK_SYSCALL, task, id, &weight);
 		mnt = fd_mount(task, r->di);
 		break;
 	case OP_OPEN:
@@ -144,7 +145,7 @@ int BPF_PROG(tp_sys_exit, struct pt_regs *regs, long ret)
 		}
 	}
 	if (mnt >= 0)
-		account_in(task, mnt, 0, op, ret, delta);
+		account_in(task, mnt, 0, op, ret, delta, weight);
 	return 0;
 }
 

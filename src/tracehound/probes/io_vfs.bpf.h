@@ -26,23 +26,24 @@ static void cancel_call_start(void);
 static __always_inline void fx_file(__u32 op, struct file *f, long ret)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
-	__u64 delta = timed(op) ? clock_stop(CLOCK_VFS, task, op) : 0;
+	__u32 weight = 0;
+	__u64 delta = timed(op) ? clock_stop(CLOCK_VFS, task, op, &weight) : 0;
 	int mnt = mount_id_typed(f->f_path.mnt);
 
 	if (mnt >= 0)
-		account_in(task, mnt, 0, op, ret, delta);
+		account_in(task, mnt, 0, op, ret, delta, weight);
 }
 
 static __always_inline void fx_sb(__u32 op, struct super_block *sb, long ret)
 {
 	if (!sb || skip_sb(sb))
 		return;
-	account(sb->s_dev, IO_KEY_DEV, op, ret, 0);
+	account(sb->s_dev, IO_KEY_DEV, op, ret, 0, 0);
 }
 
 #define FE_FILE(fn, op)							\
 SEC("fentry/" #fn) int BPF_PROG(fe_##fn, struct file *f)		\
-{ clock_start(CLOCK_VFS, op); return 0; }
+{ clock_start(CLOCK_VFS, op, op); return 0; }
 
 FE_FILE(vfs_read, OP_READ)
 FE_FILE(vfs_readv, OP_READ)
@@ -75,10 +76,10 @@ SEC("fexit/vfs_open") int BPF_PROG(fx_vfs_open, const struct path *p, struct fil
 
 	if (mnt < 0)
 		return 0;
-	account(mnt, 0, OP_OPEN, ret, 0);
+	account(mnt, 0, OP_OPEN, ret, 0, 0);
 	/* created means the file did not exist before */
 	if (ret == 0 && (f->f_mode & FMODE_CREATED))
-		account(mnt, 0, OP_CREATE, ret, 0);
+		account(mnt, 0, OP_CREATE, ret, 0, 0);
 	return 0;
 }
 
@@ -103,7 +104,7 @@ struct start {
 	__u32 mnt;
 	__u32 flags;   /* IO_KEY_* */
 	__u32 op;
-	__u32 pad;
+	__u32 weight;  /* the calls a timed one stands for (io_sample.bpf.h) */
 	__u64 file;    /* vfs_open: the struct file being opened */
 };
 
@@ -126,7 +127,9 @@ static __always_inline void save_start(__u32 op, long mnt, __u32 flags, struct f
 		health_inc(HEALTH_START_FULL);
 		return;
 	}
-	s->ts = timed(op) ? bpf_ktime_get_ns() : 0;
+	s->ts = 0;
+	if (timed(op))
+		s->ts = sample_start(op, &s->weight);
 	s->mnt = mnt;
 	s->flags = flags;
 	s->op = op;
@@ -147,18 +150,18 @@ static __always_inline int finish(long ret)
 {
 	struct start *s = bpf_task_storage_get(&call_start, bpf_get_current_task_btf(), 0, 0);
 	struct file *file;
-	__u32 mnt, flags, op;
+	__u32 mnt, flags, op, weight;
 	__u64 delta;
 
 	if (!s || s->op >= OP_MAX)
 		return 0;
 	delta = s->ts ? bpf_ktime_get_ns() - s->ts : 0;
-	mnt = s->mnt; flags = s->flags; op = s->op;
+	mnt = s->mnt; flags = s->flags; op = s->op; weight = s->weight;
 	file = (struct file *)s->file;
 	s->op = OP_MAX;
-	account(mnt, flags, op, ret, delta);
+	account(mnt, flags, op, ret, delta, weight);
 	if (file && ret == 0 && (BPF_CORE_READ(file, f_mode) & FMODE_CREATED))
-		account(mnt, flags, OP_CREATE, ret, delta);
+		account(mnt, flags, OP_CREATE, ret, 0, 0);
 	return 0;
 }
 

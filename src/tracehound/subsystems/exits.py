@@ -4,8 +4,10 @@ Optional: a kernel that refuses the exit tracepoint in both its forms gets
 a reason and the agent runs on."""
 from __future__ import annotations
 
+from .. import defaults
 from ..collectors.exits import ExitsCollector
 from ..detect.exits import ExitsDetector
+from ..detect.schedule import Job
 from ..probes.exits import ExitsProbe, ExitsProbeConfig, doctor_line
 from .base import DoctorReport, Subsystem, mode_lines
 
@@ -38,7 +40,12 @@ class ExitsSubsystem(Subsystem):
         return [self._collector, self.detector] if self._collector is not None else []
 
     def detectors(self) -> list:
-        return [self.detector] if self.detector is not None else []
+        if self._collector is None:
+            return []
+        # the retirement after the detector, in one turn of the schedule: the
+        # detector has looked at a cgroup's last exits before they go
+        return [self.detector, Job("exits_retirement", defaults.HOUSEKEEPING_S,
+                                   self._collector.retire_expired)]
 
     def modes(self) -> dict[str, str]:
         return self.probe.modes()

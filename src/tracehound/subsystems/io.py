@@ -4,7 +4,9 @@ from __future__ import annotations
 import os
 
 from ..bpf import features
+from .. import defaults
 from ..collectors.io import IoCollector
+from ..detect.schedule import Job
 from ..probes import object_path
 from ..probes.io import GROUPS, IoProbe, IoProbeConfig
 from .base import DoctorReport, Subsystem, check_line, mode_lines
@@ -24,8 +26,9 @@ class IoSubsystem(Subsystem):
         # no histogram exported: nothing to time either
         timed = frozenset() if c.latency_histograms == "off" else \
             frozenset(p.removeprefix("io.") for p in c.latency)
+        gap = defaults.LATENCY_SAMPLE_GAP_NS if c.latency_sampled else 0
         self.probe = IoProbe(IoProbeConfig(c.hook_mode, c.skip_fstypes, c.max_entries, timed,
-                                           cgroup_key=_key(ctx)), ctx.mounts)
+                                           cgroup_key=_key(ctx), sample_gap_ns=gap), ctx.mounts)
         self.collector: IoCollector | None = None
 
     def start(self) -> None:
@@ -42,6 +45,12 @@ class IoSubsystem(Subsystem):
 
     def collectors(self) -> list:
         return [self.collector] if self.collector is not None else []
+
+    def detectors(self) -> list:
+        # housekeeping on the agent's schedule: removed cgroups leave the map
+        if self.collector is None:
+            return []
+        return [Job("io_retirement", defaults.HOUSEKEEPING_S, self.collector.retire_dead)]
 
     def modes(self) -> dict[str, str]:
         return self.probe.modes()

@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import os
 
+from .. import defaults
 from ..collectors.net import NetCollector
+from ..detect.schedule import Job
 from ..host import sockdiag
 from ..probes import object_path
 from ..probes.net import NetProbe, NetProbeConfig, doctor_lines
@@ -43,6 +45,12 @@ class NetSubsystem(Subsystem):
 
     def collectors(self) -> list:
         return [self._collector] if self._collector is not None else []
+
+    def detectors(self) -> list:
+        # housekeeping on the agent's schedule: removed cgroups leave the table
+        if self._collector is None or self._collector.probe is None:
+            return []
+        return [Job("net_retirement", defaults.HOUSEKEEPING_S, self._collector.retire_removed)]
 
     def modes(self) -> dict[str, str]:
         return self.probe.modes()

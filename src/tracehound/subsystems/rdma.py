@@ -6,11 +6,13 @@ from __future__ import annotations
 
 import os
 
+from .. import defaults
 from ..collectors.rdma import RdmaCollector
 from ..collectors.rdma_ports import RdmaPortCollector
 from ..detect.rdma_ports import PortWatcher
 from ..host.rdma_ports import SYSFS_ROOT as PORTS_ROOT, PortReader
 from ..detect.rdma import RdmaDetector, RdmaDetectorConfig, RdmaWatcher
+from ..detect.schedule import Job
 from ..host.rdma import summary
 from ..probes.rdma import RdmaProbe, RdmaProbeConfig, doctor_line
 from .base import DoctorReport, Subsystem, mode_lines
@@ -59,7 +61,10 @@ class RdmaSubsystem(Subsystem):
         return probe + ports + ([self.detector] if probe or ports else [])
 
     def detectors(self) -> list:
-        return ([self._watcher] if self._watcher is not None else []) + self._ports[1:]
+        # housekeeping on the agent's schedule: removed cgroups' verb counters go
+        retire = [Job("rdma_retirement", defaults.HOUSEKEEPING_S, self._collector.retire_removed)
+                  ] if self._collector is not None else []
+        return ([self._watcher] if self._watcher is not None else []) + self._ports[1:] + retire
 
     def modes(self) -> dict[str, str]:
         return self.probe.modes()

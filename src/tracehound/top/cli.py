@@ -9,6 +9,7 @@ from dataclasses import asdict
 
 from ..errors import TracehoundError
 from .model import SORT_KEYS
+from ..fleet.agent_client import URL_VARIABLE, metrics_url
 from .source import DEFAULT_URL, MetricsSource, PrometheusSource
 from .state import ViewState
 
@@ -22,8 +23,8 @@ def add_parser(sub, hook=None) -> None:
                     "write, IOPS, p99, errors, name (again: reverse); / filter; tab panel; "
                     "a idle rows; q quit.")
     src = p.add_mutually_exclusive_group()
-    src.add_argument("--url", default=DEFAULT_URL,
-                     help=f"an agent's metrics URL (default {DEFAULT_URL})")
+    src.add_argument("--url", default=None,
+                     help=f"an agent's metrics URL (default ${URL_VARIABLE}, else {DEFAULT_URL})")
     src.add_argument("--prometheus", metavar="URL",
                      help="query a Prometheus server instead, e.g. http://prometheus:9090")
     p.add_argument("--window", default="1m", metavar="DURATION",
@@ -55,8 +56,9 @@ def main(args: argparse.Namespace) -> int:
         source = PrometheusSource(args.prometheus, args.window, args.selector)
         label = f"{args.prometheus} (rate over {args.window})"
     else:
-        source = MetricsSource(args.url)
-        label = args.url
+        url = metrics_url(args.url)
+        source = MetricsSource(url)
+        label = url
     state = ViewState(sort=args.sort, filter=args.filter, show_idle=args.all)
     if args.once:
         return once(source, state, args.interval, args.json)
@@ -75,17 +77,19 @@ def once(source, state: ViewState, interval: float, as_json: bool) -> int:
         doc = snap.as_json(state.sort)
         objects = state.rdma_objects(snap)
         doc.update(filter=state.filter, include_idle=state.show_idle,
-                   io=[r.as_json() for r in rows])
+                   io=[r.as_json() for r in rows],
+                   jobs=[asdict(r) for r in state.job_rows(snap)])
         doc["rdma"]["objects"] = None if objects is None else [asdict(r) for r in objects]
         json.dump(doc, sys.stdout, indent=2)
         sys.stdout.write("\n")
         return 0
     from rich.console import Console
 
-    from .view import gpu_panel, io_table, rdma_panel
+    from .view import gpu_panel, io_table, jobs_panel, rdma_panel
     # a pipe gets a width that fits the columns instead of rich's 80
     console = Console() if sys.stdout.isatty() else Console(width=200)
     console.print(io_table(rows, state))
+    console.print(jobs_panel(state.job_rows(snap)))
     console.print(rdma_panel(state.rdma_objects(snap), snap.rdma_errors))
     console.print(gpu_panel(snap.gpus))
     return 0

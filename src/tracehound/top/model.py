@@ -100,6 +100,42 @@ def add_to_rows(rows: dict, attr: str, series: Iterable) -> None:
         setattr(row, attr, getattr(row, attr) + value)
 
 
+def job_identity(labels: dict) -> Optional[tuple[str, str]]:
+    """(kind, name) of the job, pod, VM or unit a series belongs to, without
+    its step or task; None for a cgroup no workload manager claims."""
+    get = labels.get
+    kind = get("workload", "") or CGROUP_KIND
+    if get("job_id"):
+        return kind, get("job_id")
+    if get("pod"):
+        return kind, "/".join(p for p in (get("namespace"), get("pod")) if p)
+    if get("vm") or get("unit"):
+        return kind, get("vm") or get("unit")
+    return None
+
+
+@dataclass
+class JobRow:
+    """One job (pod, VM, unit) over all its cgroups, each counted once.
+
+    CPU time is a cgroup's and its descendants' (cpu.stat), and a Slurm job
+    has it at job, step, user and task level: only the job's topmost
+    cgroups on each node count. Processes and resident memory are each
+    cgroup's own, and I/O is counted by the cgroup that did it: those add
+    up over all the job's cgroups."""
+    kind: str
+    name: str
+    nodes: list = field(default_factory=list)
+    cgroups: int = 0
+    cpu_cores: Optional[float] = None
+    memory_rss_bytes: Optional[float] = None
+    processes: Optional[float] = None
+    stopped_processes: float = 0.0
+    read_bytes_per_second: float = 0.0
+    write_bytes_per_second: float = 0.0
+    io_errors_per_second: float = 0.0
+
+
 @dataclass
 class RdmaObjectRow:
     cgroup: str
@@ -141,6 +177,7 @@ class Snapshot:
     rdma_objects: Optional[list] = None
     rdma_errors: Optional[list] = None
     gpus: Optional[list] = None
+    jobs: list = field(default_factory=list)
     interval_seconds: Optional[float] = None
     window: Optional[str] = None
 
@@ -155,6 +192,7 @@ class Snapshot:
             "io": [r.as_json() for r in self.io],
             "rdma": {"objects": rows(self.rdma_objects), "verb_errors": rows(self.rdma_errors)},
             "gpu": rows(self.gpus),
+            "jobs": rows(self.jobs),
         }
 
 

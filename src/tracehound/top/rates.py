@@ -8,12 +8,13 @@ kernel array, so one bucket going backwards means all of them did.
 """
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, field
 
 from ..exporter import text_parse
 from .model import RATES, TOTALS, Snapshot, add_to_rows, estimate_quantile, io_row_for
-from .panels import gpu_rows, rdma_error_rows, rdma_object_rows
+from .panels import gpu_rows, job_rows, rdma_error_rows, rdma_object_rows
 
 IO_PREFIX = "tracehound_io_"
 ERRORS = re.compile(r"^tracehound_io_\w+_errors_total$")
@@ -43,7 +44,8 @@ class Scrape:
         return [(dict(k), v) for k, v in self.series(name).items()]
 
 
-WANTED = ("tracehound_io_", "tracehound_rdma_", "tracehound_gpu_")
+WANTED = ("tracehound_io_", "tracehound_rdma_", "tracehound_gpu_", "tracehound_cgroup_")
+CPU = "tracehound_cgroup_cpu_seconds_total"
 UNUSED = ("tracehound_io_fsync_latency",)
 
 
@@ -100,6 +102,15 @@ def _rates(prev: Scrape, cur: Scrape, name: str, seconds: float) -> list:
     return [(labels, d / seconds) for labels, d, _ in counter_deltas(prev, cur, name)]
 
 
+def _cpu_cores(prev: Scrape, cur: Scrape, seconds: float) -> list:
+    """Cores per cgroup over the interval; NaN (not known) for a cgroup the
+    agent reads for the first time: its counter brings all the CPU time of
+    its life, which is not this interval's."""
+    before = prev.series(CPU)
+    return [(dict(k), counter_delta(v, before[k]) / seconds if k in before else math.nan)
+            for k, v in cur.series(CPU).items()]
+
+
 def _merge(into: dict, buckets: list) -> None:
     for bound, count in buckets:
         into[bound] = into.get(bound, 0.0) + count
@@ -140,9 +151,13 @@ def snapshot(prev: Scrape, cur: Scrape, source: str) -> Snapshot:
     def rates_of(name):
         return _rates(prev, cur, name, seconds)
 
+    io = list(rows.values())
     return Snapshot(
         source=source,
-        io=list(rows.values()),
+        io=io,
+        jobs=job_rows(io, _cpu_cores(prev, cur, seconds),
+                      cur.values("tracehound_cgroup_memory_rss_bytes"),
+                      cur.values("tracehound_cgroup_processes")),
         rdma_objects=rdma_object_rows(
             present("tracehound_rdma_objects", "tracehound_rdma_objects")),
         rdma_errors=rdma_error_rows(

@@ -16,12 +16,12 @@ from typing import Optional
 from ..attribution.workload import WORKLOAD_LABELS
 from ..errors import TracehoundError
 from ..fleet import prometheus
-from ..fleet.agent_client import open_agent
-from .model import RATES, TOTALS, Snapshot, add_to_rows, io_row_for
-from .panels import gpu_rows, rdma_error_rows, rdma_object_rows
+from ..fleet.agent_client import DEFAULT_METRICS_URL, open_agent
+from .model import NAMING_LABELS, RATES, TOTALS, Snapshot, add_to_rows, io_row_for
+from .panels import gpu_rows, job_rows, rdma_error_rows, rdma_object_rows
 from .rates import Scrape, parse_metrics, snapshot
 
-DEFAULT_URL = "http://127.0.0.1:9560/metrics"
+DEFAULT_URL = DEFAULT_METRICS_URL
 _DURATION = re.compile(r"^(\d+(ms|s|m|h|d|w|y))+$")
 
 
@@ -70,6 +70,19 @@ class MetricsSource:
 
 
 IO_BY = ", ".join(("cgroup", "mountpoint", "fstype", *WORKLOAD_LABELS))
+# (matchers, sum by): the series of a row named by its job, pod, VM or unit
+# (the first of them set) are summed over their cgroups; a bare cgroup's row
+# keeps its path
+WORKLOAD_BY = ", ".join(("mountpoint", "fstype", *WORKLOAD_LABELS))
+
+
+def _named_by(i: int) -> str:
+    unset = [f'{k}=""' for k in NAMING_LABELS[:i]]
+    return ", ".join([*unset, f'{NAMING_LABELS[i]}!=""'])
+
+
+NAMED_PARTS = tuple((_named_by(i), WORKLOAD_BY) for i in range(len(NAMING_LABELS))) + \
+    ((", ".join(f'{k}=""' for k in NAMING_LABELS), IO_BY),)
 # quantile fields: (row attribute, q, operations merged into one histogram)
 QUANTILES = (("latency_p50_seconds", 0.5, ("read", "write")),
              ("latency_p99_seconds", 0.99, ("read", "write")),
@@ -94,10 +107,12 @@ class PrometheusSource:
         self.selector = selector.strip().strip("{}").strip()
         self.timeout = timeout
 
-    def _sel(self, name: str = "", name_regex: str = "") -> str:
+    def _sel(self, name: str = "", name_regex: str = "", extra: str = "") -> str:
         matchers = [f'__name__=~"{name_regex}"'] if name_regex else []
         if self.selector:
             matchers.append(self.selector)
+        if extra:
+            matchers.append(extra)
         return name + "{" + ", ".join(matchers) + "}" if matchers else name
 
     def query(self, expr: str) -> list:
@@ -112,22 +127,29 @@ class PrometheusSource:
         return self.query(f"sum by ({by}) (rate({self._sel(name)}[{self.window}]))")
 
     def _quantile(self, q: float, ops: tuple) -> list:
-        def buckets(op):
-            # A named workload's cgroups merge into one histogram: blank the
-            # cgroup label of series that carry a workload name before
-            # summing, exactly the rule workload_identity() names rows by.
-            rated = f"rate({self._sel(f'tracehound_io_{op}_latency_seconds_bucket')}" \
-                    f"[{self.window}])"
-            named = f'label_join({rated}, "th_named", "", "job_id", "pod", "vm", "unit")'
-            keyed = f'label_replace({named}, "cgroup", "", "th_named", ".+")'
-            return f"sum by (le, {IO_BY}) ({keyed})"
-        # rate() over several metric names at once would leave series with
-        # equal label sets, which PromQL refuses; add them up instead, and
-        # keep the label sets only one side has
-        parts = [buckets(op) for op in ops]
-        merged = parts[0] if len(parts) == 1 else \
-            f"({' + '.join(parts)}) or " + " or ".join(parts)
-        return self.query(f"histogram_quantile({q}, {merged})")
+        """From classic histograms (_bucket series with le) or native ones
+        (Prometheus with --enable-feature=native-histograms keeps only
+        those): each label set has one form, so the two answers are joined.
+        A named workload's cgroups merge into one histogram, exactly as
+        workload_identity() names rows: its series are summed without the
+        cgroup label. Selected by matchers, not relabelled: label_replace
+        turns a native histogram into a plain zero (Prometheus 2.42)."""
+        def summed(op, native, matchers, by):
+            name = f"tracehound_io_{op}_latency_seconds" + ("" if native else "_bucket")
+            rate = f"rate({self._sel(name, extra=matchers)}[{self.window}])"
+            return f"sum by ({by if native else 'le, ' + by}) ({rate})"
+
+        def quantile(native, matchers, by):
+            # rate() over several metric names at once would leave series with
+            # equal label sets, which PromQL refuses; add them up instead, and
+            # keep the label sets only one side has
+            parts = [summed(op, native, matchers, by) for op in ops]
+            merged = parts[0] if len(parts) == 1 else \
+                f"({' + '.join(parts)}) or " + " or ".join(parts)
+            return f"histogram_quantile({q}, {merged})"
+        return self.query(" or ".join(quantile(native, matchers, by)
+                                      for native in (False, True)
+                                      for matchers, by in NAMED_PARTS))
 
     def io_rows(self) -> list:
         rows: dict = {}
@@ -149,6 +171,16 @@ class PrometheusSource:
                 setattr(row, attr, v if old is None else max(old, v))
         return list(rows.values())
 
+    def job_rows(self, io: list) -> list:
+        """The job panel's series, per node (instance) and cgroup: a job's
+        cgroups nest within one node, not across nodes."""
+        by = f"instance, cgroup, {', '.join(WORKLOAD_LABELS)}"
+        return job_rows(
+            io, self._rate("tracehound_cgroup_cpu_seconds_total", by),
+            self.query(f"sum by ({by}) ({self._sel('tracehound_cgroup_memory_rss_bytes')})"),
+            self.query(f"sum by ({by}, state) ({self._sel('tracehound_cgroup_processes')})"),
+            node_label="instance")
+
     def poll(self) -> Snapshot:
         present = {labels.get("__name__", "") for labels, _ in self.query(
             f"count by (__name__) ({self._sel(name_regex='tracehound_(rdma|gpu)_.+')})")}
@@ -160,9 +192,11 @@ class PrometheusSource:
             "tracehound_rdma_verb_calls_total" in present
         gpu_by = "instance, gpu, uuid, model"
         xids = "tracehound_gpu_xid_errors_total"
+        io = self.io_rows()
         return Snapshot(
             source=self.base_url,
-            io=self.io_rows(),
+            io=io,
+            jobs=self.job_rows(io),
             rdma_objects=rdma_object_rows(
                 self.query(f"sum by (cgroup, device, type) "
                            f"({self._sel('tracehound_rdma_objects')})") if rdma else None),

@@ -6,8 +6,8 @@ from typing import Optional
 
 from .model import SORT_KEYS, Snapshot, filter_rdma, filter_rows, sort_rows
 
-PANELS = ("io", "rdma", "gpu")
-PANEL_TITLES = {"io": "I/O", "rdma": "RDMA", "gpu": "GPU"}
+PANELS = ("io", "jobs", "rdma", "gpu")
+PANEL_TITLES = {"io": "I/O", "jobs": "Jobs", "rdma": "RDMA", "gpu": "GPU"}
 SORT_BY_KEY = {"r": "read", "w": "write", "i": "iops", "l": "p99", "e": "errors", "n": "name"}
 ESC, TAB, BACKSPACES, ENTERS = "\x1b", "\t", ("\x7f", "\x08"), ("\r", "\n")
 HELP = "r/w/i/l/e/n sort  / filter  tab panel  a idle rows  q quit"
@@ -39,6 +39,13 @@ class ViewState:
             return []
         rows = snap.io if self.show_idle else [r for r in snap.io if is_active(r)]
         return sort_rows(filter_rows(rows, self.filter), self.sort, self.reverse)
+
+    def job_rows(self, snap: Optional[Snapshot]) -> list:
+        """The jobs whose name or kind holds the filter (CPU order kept)."""
+        if snap is None:
+            return []
+        needle = self.filter.lower()
+        return [r for r in snap.jobs if needle in r.name.lower() or needle in r.kind.lower()]
 
     def rdma_objects(self, snap: Optional[Snapshot]):
         return None if snap is None else filter_rdma(snap.rdma_objects, self.filter)

@@ -1,4 +1,4 @@
-"""rich renderables for a Snapshot: the I/O table and the RDMA / GPU panels.
+"""rich renderables for a Snapshot: the I/O table and the job, RDMA and GPU panels.
 
 Every name shown (cgroup, workload, mount point, device, process) is chosen
 by someone on the node: it goes into a cell as plain Text, never as rich
@@ -15,6 +15,7 @@ from rich.console import Group
 from rich.table import Table
 from rich.text import Text
 
+from ..printable import escaped
 from .model import Snapshot
 from .state import HELP, PANEL_TITLES, PANELS, ViewState
 
@@ -27,13 +28,8 @@ IO_COLUMNS = (
 
 
 def shown(text: str) -> Text:
-    """A name as plain Text, each character that would not print (controls,
-    format characters, line and paragraph separators, surrogates) as its
-    Python escape: "\\r", "\\x1b", "\\u202e"."""
-    if not text.isprintable():
-        text = "".join(c if c.isprintable() else c.encode("unicode_escape").decode("ascii")
-                       for c in text)
-    return Text(text)
+    """A name as plain Text, its unprintable characters escaped."""
+    return Text(escaped(text))
 
 
 def fmt_bytes(value: float) -> str:
@@ -112,6 +108,27 @@ def rdma_panel(objects: Optional[list], errors: Optional[list]):
                                  fmt_count(r.errors_total))))
 
 
+def jobs_panel(jobs: list):
+    """One row per job: CPU from its topmost cgroups, the rest summed."""
+    if not jobs:
+        return Text("Jobs: none (no series names a job, pod, VM or unit)", style="dim")
+    with_nodes = any(j.nodes for j in jobs)
+    headers = ["JOB", "KIND", *(["NODES"] if with_nodes else []), "CGROUPS", "CPU",
+               "MEMORY", "PROCS", "STOPPED", "READ/s", "WRITE/s", "IO ERR/s"]
+    t = Table(*headers, box=box.SIMPLE_HEAD, title="Jobs", title_justify="left")
+    for j in jobs:
+        stopped = Text(fmt_count(j.stopped_processes),
+                       style="bold red" if j.stopped_processes else "")
+        t.add_row(shown(j.name), shown(j.kind),
+                  *([shown(",".join(j.nodes))] if with_nodes else []), str(j.cgroups),
+                  "-" if j.cpu_cores is None else f"{j.cpu_cores:.2f}",
+                  "-" if j.memory_rss_bytes is None else fmt_bytes(j.memory_rss_bytes),
+                  "-" if j.processes is None else fmt_count(j.processes), stopped,
+                  fmt_bytes(j.read_bytes_per_second), fmt_bytes(j.write_bytes_per_second),
+                  fmt_count(j.io_errors_per_second))
+    return t
+
+
 def gpu_panel(gpus: Optional[list]):
     if gpus is None:
         return _no_data("GPU")
@@ -181,6 +198,8 @@ def screen(state: ViewState, snap: Optional[Snapshot], source: str, every: float
             parts.append(Text(f"… {len(rows) - room} more rows (/ to filter)", style="dim"))
         if not rows:
             parts.append(Text("no I/O rows match" if snap.io else "I/O: no data", style="dim"))
+    elif state.panel == "jobs":
+        parts.append(jobs_panel(state.job_rows(snap)))
     elif state.panel == "rdma":
         parts.append(rdma_panel(state.rdma_objects(snap), snap.rdma_errors))
     else:

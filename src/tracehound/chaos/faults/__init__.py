@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 from . import names
 
-FAULT_MODULES = ("io", "net", "proc", "rdma", "gpu", "gpu_xid", "gpu_nvml", "gpu_dcgm")
+FAULT_MODULES = ("io", "io_space", "net", "proc", "rdma", "gpu", "gpu_xid", "gpu_nvml", "gpu_dcgm")
 
 
 class FaultError(Exception):

@@ -1,18 +1,16 @@
-"""I/O faults: cgroup throttling, a full file system, failing block I/O."""
+"""I/O faults: cgroup throttling (io_space.py: a full file system and failing
+block I/O)."""
 from __future__ import annotations
 
-import errno
 import os
 import re
-import shutil
 import stat
-import subprocess
 import time
 
 from ...attribution.procs import cgroup_v2_path, proc_cgroups, read_pids
 from . import Arg, Availability, Detection, Fault, FaultError, Prepared, cgroupctl, names
 from .targets import (cgroup2_root, cgroup_dir, cgroup_procs, common_job, job_pids, proc_of,
-                      run_cmd, same_process)
+                      same_process)
 
 THROTTLE_KEYS = ("rbps", "wbps", "riops", "wiops")
 V1_FILES = {"rbps": "blkio.throttle.read_bps_device", "wbps": "blkio.throttle.write_bps_device",
@@ -156,14 +154,22 @@ class IoThrottle(Fault):
     def detection(self, args, state=None):
         op = "write" if (args.get("wbps") or args.get("wiops")) else "read"
         job = (state or {}).get("job_id")
+        if not job:
+            # A cgroup of no workload has no latency histogram of its own by
+            # default (--latency-histograms workload-mount sums those per
+            # mount); its I/O pressure is its own under every setting.
+            sel = f'{{cgroup="{args["cgroup"]}",resource="io",kind="some"}}'
+            name = "tracehound_pressure_stalled_seconds_total"
+            return Detection(query=name + sel, signal="rate", predicate="> 0.5",
+                             promql=f"sum(rate({name}{sel}[30s]))",
+                             note="the cgroup's tasks wait on I/O more than half of the time")
         # a Slurm job's processes: the job's series, whatever cgroup the agent counts by
-        sel = f'{{job_id="{job}"}}' if job else f'{{cgroup="{args["cgroup"]}"}}'
+        sel = f'{{job_id="{job}"}}'
         name = f"tracehound_io_{op}_latency_seconds"
         return Detection(
             query=name + sel, signal="mean", predicate="> 0.005",
             promql=f"sum(rate({name}_sum{sel}[30s])) / sum(rate({name}_count{sel}[30s]))",
-            note=f"mean {op} latency of the " + (f"job {job}'s" if job else "cgroup's")
-                 + " calls rises above 5 ms")
+            note=f"mean {op} latency of the job {job}'s calls rises above 5 ms")
 
 
 def _throttle_target(args: dict, root: str) -> tuple[str | None, list[int], str]:
@@ -226,178 +232,4 @@ def _rmdir(directory: str) -> None:
     raise FaultError(f"cannot remove {directory}: processes are still in it")
 
 
-def mount_of(path: str) -> str:
-    path = os.path.realpath(path)
-    while not os.path.ismount(path):
-        path = os.path.dirname(path)
-    return path
-
-
-class IoFill(Fault):
-    name = "io.fill"
-    summary = "fill a file system with one preallocated file down to a free-space level"
-    args = {
-        "path": Arg(str, "a directory on the file system to fill", required=True),
-        "free_bytes": Arg(int, "bytes to leave free", minimum=0),
-        "free_percent": Arg(float, "percent of the file system to leave free",
-                            minimum=0, maximum=100),
-        "max_bytes": Arg(int, "blast radius: refuse to write more than this",
-                         default=8 << 30, minimum=1),
-        "allow_root_fs": Arg(bool, "allow filling the file system mounted at /",
-                             default=False),
-    }
-
-    def check(self, args):
-        if (args.get("free_bytes") is None) == (args.get("free_percent") is None):
-            return ["give exactly one of free_bytes or free_percent"]
-        return []
-
-    def prepare(self, args, fault_id):
-        path = args["path"]
-        if not os.path.isdir(path):
-            raise FaultError(f"{path} is not a directory")
-        mount = mount_of(path)
-        if mount == "/" and not args.get("allow_root_fs"):
-            raise FaultError(f"{path} is on the root file system: set allow_root_fs: true "
-                             "to fill it")
-        st = os.statvfs(path)
-        avail = st.f_bavail * st.f_frsize
-        if args.get("free_bytes") is not None:
-            keep = args["free_bytes"]
-        else:
-            keep = int(st.f_blocks * st.f_frsize * args["free_percent"] / 100)
-        size = avail - keep
-        if size <= 0:
-            raise FaultError(f"{mount} already has only {avail} bytes free (target {keep})")
-        if size > args["max_bytes"]:
-            raise FaultError(f"filling {mount} needs {size} bytes, more than the blast-radius "
-                             f"limit max_bytes={args['max_bytes']}")
-        name = os.path.join(os.path.realpath(path), f".tracehound-chaos-fill-{fault_id}")
-        return Prepared([f"{mount}: {size} bytes in {name}"],
-                        {"file": name, "size": size, "mount": mount})
-
-    def apply(self, state):
-        fd = os.open(state["file"], os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600)
-        try:
-            done = _allocate(fd, state["size"])
-        finally:
-            os.close(fd)
-        return {"allocated": done}
-
-    def rollback(self, state):
-        try:
-            os.unlink(state["file"])
-        except FileNotFoundError:
-            pass
-        except OSError as exc:
-            raise FaultError(f"cannot delete {state['file']}: {exc.strerror}") from None
-        return None
-
-    def detection(self, args, state=None):
-        path = args["path"]
-        mount = mount_of(path) if os.path.isdir(path) else "<mount of path>"
-        sel = f'{{mountpoint="{mount}"}}'
-        return Detection.counter_grows("tracehound_io_write_errors_total" + sel,
-                                       "writers on the file system get ENOSPC (write errors); "
-                                       "tracehound exports no free-space gauge")
-
-
-def _allocate(fd: int, size: int) -> int:
-    """Preallocate up to size bytes in shrinking chunks: other writers keep
-    writing meanwhile, so the last megabytes may already be gone; stop
-    when even a page no longer fits."""
-    done, chunk = 0, 64 << 20
-    while done < size and chunk >= 4096:
-        step = min(chunk, size - done)
-        try:
-            os.posix_fallocate(fd, done, step)
-            done += step
-        except OSError as exc:
-            if exc.errno != errno.ENOSPC:
-                raise FaultError(f"fallocate: {exc.strerror}") from None
-            chunk //= 2
-    return done
-
-
-class IoErrors(Fault):
-    name = "io.errors"
-    summary = "make a device-mapper device fail I/O (error target) or flap (flakey)"
-    args = {
-        "dm_name": Arg(str, "an existing device-mapper device with a linear table",
-                       required=True, grammar=names.dm_name),
-        "mode": Arg(str, "error: every I/O fails; flakey: up/down cycles", default="error",
-                    choices=("error", "flakey")),
-        "up_seconds": Arg(int, "flakey: seconds of good I/O per cycle", default=1, minimum=0),
-        "down_seconds": Arg(int, "flakey: seconds of failing I/O per cycle", default=1,
-                            minimum=1),
-        "mountpoint": Arg(str, "where the device is mounted (for the detection query)"),
-    }
-
-    def availability(self):
-        if not shutil.which("dmsetup"):
-            return Availability(False, "dmsetup is not installed")
-        if not os.path.exists("/dev/mapper/control"):
-            return Availability(False, "no device-mapper in this kernel (/dev/mapper/control "
-                                       "is missing)")
-        out = subprocess.run(["dmsetup", "targets"], capture_output=True, text=True)
-        if out.returncode != 0:
-            why = (out.stderr.strip().splitlines() or ["dmsetup targets failed"])[0]
-            return Availability(False, f"no device-mapper driver in this kernel ({why})")
-        have = {ln.split()[0] for ln in out.stdout.splitlines() if ln.strip()}
-        if not {"error", "flakey"} <= have:
-            return Availability(False, "the device-mapper error and flakey targets are not "
-                                       "both available in this kernel")
-        return Availability(True)
-
-    def prepare(self, args, fault_id):
-        avail = self.availability()
-        if not avail.ok:
-            raise FaultError(f"not available here: {avail.reason}")
-        table = run_cmd(["dmsetup", "table", args["dm_name"]]).stdout.strip()
-        lines = [ln.split() for ln in table.splitlines() if ln.strip()]
-        if not lines or any(len(f) != 5 or f[2] != "linear" for f in lines):
-            raise FaultError(f"{args['dm_name']}: only linear tables can be wrapped "
-                             f"(table: {table!r})")
-        new = []
-        for start, length, _, dev, offset in lines:
-            if args["mode"] == "error":
-                new.append(f"{start} {length} error")
-            else:
-                new.append(f"{start} {length} flakey {dev} {offset} {args['up_seconds']} "
-                           f"{args['down_seconds']}")
-        return Prepared([f"dm device {args['dm_name']}"],
-                        {"name": args["dm_name"], "original": table, "table": "\n".join(new)})
-
-    def apply(self, state):
-        _dm_load(state["name"], state["table"])
-        return None
-
-    def rollback(self, state):
-        current = run_cmd(["dmsetup", "table", state["name"]]).stdout.strip()
-        if current != state["original"]:
-            _dm_load(state["name"], state["original"])
-        return None
-
-    def detection(self, args, state=None):
-        sel = f'{{mountpoint="{args["mountpoint"]}"}}' if args.get("mountpoint") else ""
-        return Detection.counter_grows("tracehound_io_read_errors_total" + sel,
-                                       "reads on the device fail with EIO")
-
-
-def _dm_load(name: str, table: str) -> None:
-    """Swap the table without freezing the file system on it: a freeze
-    starts with a sync, which fails over a failing table and, once, after
-    one (the block device still holds the write error), and a real disk
-    does not wait for a clean file system before it fails either. The
-    suspend still waits for I/O in flight, so the swap is atomic."""
-    run_cmd(["dmsetup", "suspend", "--nolockfs", name])
-    try:
-        out = subprocess.run(["dmsetup", "load", name], input=table + "\n", text=True,
-                             capture_output=True, timeout=30)
-        if out.returncode != 0:
-            raise FaultError(f"dmsetup load {name}: {out.stderr.strip()}")
-    finally:
-        run_cmd(["dmsetup", "resume", name])
-
-
-FAULTS = [IoThrottle(), IoFill(), IoErrors()]
+FAULTS = [IoThrottle()]

@@ -191,6 +191,13 @@ class NetFault(Fault):
             return Detection(query=q, signal="value", predicate=f"> {threshold}",
                              promql=f"max({q})",
                              note=f"smoothed TCP RTT of {whose} rises past half the added delay")
+        if not cgroup and not args.get("netns"):
+            # the interface is in the agent's own namespace (the node's): the
+            # node's count holds every socket, those of no cgroup v2 too
+            return Detection.counter_grows(
+                "tracehound_net_node_tcp_retransmitted_segments_total",
+                f"the node's TCP retransmissions grow ({self.kind} on its own interface makes "
+                "segments go missing)")
         sel = f'{{cgroup="{cgroup}"}}' if cgroup else ""
         return Detection.counter_grows(
             "tracehound_net_tcp_retransmits_total" + sel,

@@ -32,7 +32,7 @@ def markdown(fleet: dict, plot: str | None, plot_note: str) -> str:
                f"{plan['partition_size']} nodes ({plan['share']:.0%})",
              f"- **landed on {len(fleet['landed'])} of {len(plan['nodes'])}** nodes: "
              + (", ".join(fleet["landed"]) or "none"),
-             f"- detection per instance: "
+             "- detection per instance: "
              + (f"{fleet['prometheus']} (label `{fleet['node_label']}`)" if fleet["prometheus"]
                 else "not asked (no --prometheus)"),
              f"- fleet journal: `{fleet['fleet_journal']}`", ""]

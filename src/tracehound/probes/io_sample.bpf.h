@@ -1,0 +1,108 @@
+/* Sampled timing of the I/O probe's calls. Included by io.bpf.c.
+ *
+ * A timed call costs two clock reads (about 60 ns each on a host, 170 ns
+ * under an emulated HPET), more than the rest of its accounting. When calls
+ * of a kind come fast on a CPU, one in an interval of about 2^k is timed and
+ * counted in its histogram as every call since the last timed one (its
+ * weight); when they come slowly every one is (k = 0), so a slow fsync among
+ * few is never missed. Bytes, calls and errors are counted for every call.
+ *
+ * The decision costs a per-CPU count and two cheap helper calls (the tick
+ * counter, the current task): no clock, no random number. Each timed call, which reads the
+ * clock anyway, sets the next interval: k from the rate it measured since
+ * the last timed one (about one call per settings.sample_gap_ns is timed),
+ * the length drawn from the clock's bits among the odd numbers below
+ * 2^(k+1), whose mean is 2^k, so a pattern in the calls cannot line up with
+ * the sampling. The first call of a kind on a CPU in a new tick, or from
+ * another task than the last one, is timed whatever the interval, standing
+ * for itself: after a storm the calls that follow at a low rate are timed
+ * again at once, calls rarer than one per tick always are, a task's rare
+ * calls are timed on a CPU another task floods, and a weight only ever
+ * counts its own task's calls. The weights add up to the calls, less the
+ * untimed ones a new tick or task cut short (at most one interval each). */
+
+struct {
+	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
+	__uint(max_entries, HIST_MAX);
+	__type(key, __u32);
+	__type(value, struct io_sampler);
+} io_samplers SEC(".maps");
+
+static __always_inline struct io_sampler *sampler_of(__u32 op)
+{
+	__u32 key = hist_of(op);
+
+	return key < HIST_MAX ? bpf_map_lookup_elem(&io_samplers, &key) : 0;
+}
+
+/* Whether to time this call, as the weight it will carry (0: not timed). */
+static __always_inline __u32 sample_pick(struct io_sampler *s)
+{
+	__u64 tick, task;
+	__u32 weight;
+
+	if (!settings.sample_gap_ns || !s)
+		return 1;
+	tick = bpf_jiffies64();
+	task = bpf_get_current_task();
+	if (tick != s->tick || task != s->task) {
+		/* the first of its kind here this tick, or from this task since
+		 * another's: timed, standing for itself. Calls left untimed before
+		 * are not given to it, so a weight never counts another task's
+		 * calls, nor another cgroup's. */
+		s->tick = tick;
+		s->task = task;
+		s->since = 0;
+		/* and its rate is not known yet: the next call is timed too */
+		s->last_ts = 0;
+		return 1;
+	}
+	weight = s->since + 1;
+	if (weight < s->interval) {
+		s->since = weight;
+		return 0;
+	}
+	s->since = 0;
+	return weight;
+}
+
+/* At a timed call's start (`now`, `weight` its calls): the next interval. */
+static __always_inline void sample_next(struct io_sampler *s, __u64 now, __u32 weight)
+{
+	__u64 gap, want;
+	__u32 k = 0, lw, lg;
+
+	if (!settings.sample_gap_ns || !s)
+		return;
+	gap = now - s->last_ts;
+	if (s->last_ts && gap < ((__u64)settings.sample_gap_ns << SAMPLE_K_MAX)) {
+		/* log2 of the calls of this kind in one sample_gap_ns at the rate
+		 * just seen (sample_gap_ns * weight / gap), without a division:
+		 * this runs inside the timed call's clock window */
+		want = (__u64)settings.sample_gap_ns * weight;
+		lw = log2_slot(want);
+		lg = log2_slot(gap | 1);
+		k = lw > lg ? lw - lg : 0;
+		if (k > SAMPLE_K_MAX)
+			k = SAMPLE_K_MAX;
+	}
+	s->interval = 1 + (((now * 0x9E3779B97F4A7C15ULL) >> 40) & ((2u << k) - 2));
+	s->last_ts = now;
+	s->timed++;
+}
+
+/* A call of `op` starting now: its start time when it is to be timed, with
+ * the calls it stands for in *weight; 0 when it is not. The one entry point
+ * of every hook that starts a clock. */
+static __always_inline __u64 sample_start(__u32 op, __u32 *weight)
+{
+	struct io_sampler *s = sampler_of(op);
+	__u64 now;
+
+	*weight = sample_pick(s);
+	if (!*weight)
+		return 0;
+	now = bpf_ktime_get_ns();
+	sample_next(s, now, *weight);
+	return now;
+}

@@ -1,0 +1,80 @@
+"""Sampled timing against the real kernel: a storm of page-cache reads is
+timed in part while its bytes and calls stay exact and its histogram still
+counts about every call; the calls that follow it at a low rate are all
+timed again; `--latency every` times every call. (Calls slower than the
+sampling gap are all timed: test_io_accuracy.py, in every hook mode.)"""
+import os
+
+import pytest
+
+from tests.kernel.conftest import (exec_in_cgroup, remove_cgroup, require_tools, run_in_cgroup,
+                                   series, start_agent, stop_agent)
+
+MiB = 1 << 20
+READS = 8192            # 4 KiB random reads of a 32 MiB file
+TIMED = "tracehound_io_latency_timed_calls_total"
+
+
+def read_storm(cgroup_root: str, cgroup: str, path: str) -> None:
+    """fio's 4 KiB random reads of a page-cached file, the fastest I/O call
+    there is: hundreds of thousands a second."""
+    require_tools("fio")
+    out = exec_in_cgroup(cgroup_root, cgroup, [
+        "fio", "--name=storm", f"--filename={path}", "--size=32M", "--bs=4k", "--rw=randread",
+        "--ioengine=psync", "--output-format=terse"])
+    assert out.returncode == 0, out.stdout + out.stderr
+
+
+def reads(metrics: dict, cgroup: str, mountpoint: str) -> tuple[float, float]:
+    """(read requests, the read histogram's count) of one cgroup and mount"""
+    lb = {"cgroup": cgroup, "mountpoint": mountpoint}
+    return (series(metrics, "tracehound_io_read_requests_total", **lb),
+            series(metrics, "tracehound_io_read_latency_seconds_count", **lb))
+
+
+@pytest.fixture
+def quiet(cgroup_root):
+    rel = f"/thtest/quiet-{os.getpid()}-{os.urandom(4).hex()}"
+    os.makedirs(cgroup_root + rel)
+    yield rel
+    remove_cgroup(cgroup_root + rel)
+
+
+def test_a_storm_of_reads_is_timed_in_part_and_counted_in_full(agent, cgroup_root, cgroup,
+                                                               tmpfs):
+    before = series(agent.scrape(), TIMED, op="read")
+    read_storm(cgroup_root, cgroup, os.path.join(tmpfs, "storm"))
+    m = agent.scrape()
+    requests, counted = reads(m, cgroup, tmpfs)
+    assert requests == READS
+    assert series(m, "tracehound_io_read_bytes_total", cgroup=cgroup, mountpoint=tmpfs) == 32 * MiB
+    # every cgroup's timed reads together, the node's background included:
+    # still far fewer than the storm's reads alone
+    assert series(m, TIMED, op="read") - before < READS / 2
+    # each timed read stands for those since the CPU's last timed one: the
+    # count misses at most the untimed tail of each CPU's last interval
+    assert abs(counted - READS) <= READS / 10, counted
+
+
+def test_calls_that_follow_a_storm_at_a_low_rate_are_all_timed(agent, cgroup_root, cgroup, quiet,
+                                                               tmpfs):
+    read_storm(cgroup_root, cgroup, os.path.join(tmpfs, "storm-before"))
+    f = os.path.join(tmpfs, "after-storm")
+    run_in_cgroup(cgroup_root, quiet, [["write", f, 8 * MiB, MiB], ["read", f, MiB]])
+    m = agent.scrape()
+    requests, counted = reads(m, quiet, tmpfs)
+    assert requests == 9 and counted == requests       # 8 MiB and the read at the end
+    lb = {"cgroup": quiet, "mountpoint": tmpfs}
+    assert series(m, "tracehound_io_write_latency_seconds_count", **lb) == \
+        series(m, "tracehound_io_write_requests_total", **lb) == 8
+
+
+def test_every_call_is_timed_when_asked(hook_mode, cgroup_root, cgroup, tmpfs):
+    every = start_agent(hook_mode, "--latency", "every")
+    try:
+        read_storm(cgroup_root, cgroup, os.path.join(tmpfs, "storm-every"))
+        m = every.scrape()
+        assert reads(m, cgroup, tmpfs) == (READS, READS)
+        assert not any(name == TIMED for name, _labels in m)
+    finally:
+        stop_agent(every)
