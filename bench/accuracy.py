@@ -33,10 +33,11 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 SRC = os.path.join(ROOT, "src")
 sys.path[:0] = [HERE, ROOT, SRC]
-from detection import machine, tracehound  # noqa: E402
+from detection import tracehound  # noqa: E402
+from common import commit, cpu_model, loadavg, machine  # noqa: E402
 from tracer import Tool  # noqa: E402
 from tests.kernel.conftest import exec_in_cgroup, remove_cgroup  # noqa: E402
-from tracehound.fleet.prometheus import wait_ready  # noqa: E402
+from tracehound.clients.prometheus import wait_ready  # noqa: E402
 from tracehound.host.mounts import MountTable  # noqa: E402
 
 import accuracy_report  # noqa: E402
@@ -260,17 +261,10 @@ def run_phase(ph: Phase, scratch: Scratch, runtime: float, agent_url: str,
     return rec
 
 
-def loadavg() -> str:
-    with open("/proc/loadavg") as f:
-        return " ".join(f.read().split()[:3])
-
-
 def host_facts() -> dict:
     facts = {"machine": machine(), "kernel": os.uname().release, "cpus": os.cpu_count(),
-             "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "loadavg_start": loadavg()}
-    with open("/proc/cpuinfo") as f:
-        facts["cpu_model"] = next((ln.split(":", 1)[1].strip() for ln in f
-                                   if ln.startswith("model name")), "")
+             "date": time.strftime("%Y-%m-%d %H:%M:%S %Z"), "commit": commit(),
+             "loadavg_start": " ".join(loadavg()), "cpu_model": cpu_model()}
     for cmd, key in ((["fio", "--version"], "fio"), (["/usr/bin/prometheus", "--version"],
                                                      "prometheus")):
         try:
@@ -374,7 +368,7 @@ def main() -> int:
                 subprocess.run(["rm", "-rf", prom_dir])
             if agent is not None:
                 agent.stop()
-    res["host"]["loadavg_end"] = loadavg()
+    res["host"]["loadavg_end"] = " ".join(loadavg())
     summary = accuracy_report.write_reports(args.out, res)
     for line in summary:
         print(line)

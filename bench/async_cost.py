@@ -38,7 +38,8 @@ REPORT = REPO / "bench" / "report"
 FILE_MIB = 128
 CPU = os.cpu_count() - 1            # the workload's CPU; the agent's threads sleep meanwhile
 
-from net_cost import _ratio, _spread, prog_id  # noqa: E402 (after the path is set)
+from common import commit, cpu_model, paired_ratio, paired_spread  # noqa: E402
+from net_cost import prog_id  # noqa: E402 (after the path is set)
 
 
 def uring_rate(path: str, seconds: float) -> float:
@@ -152,8 +153,7 @@ def main() -> None:
     args = p.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     started = time.monotonic()
-    data = {"cpu": next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo")
-                         if ln.startswith("model name")), "?"),
+    data = {"cpu": cpu_model() or "?", "commit": commit(),
             "vcpus": os.cpu_count(), "kernel": platform.release(), "rounds": args.rounds,
             "seconds": args.seconds, "file_mib": FILE_MIB}
     tmp = tempfile.mkdtemp(prefix="thbench-async-")
@@ -186,8 +186,8 @@ def report(d: dict) -> str:
     for name, what, unit in (("uring", "io_uring 4 KiB random reads, depth 1, tmpfs", "IOPS"),
                              ("cold", "cold 1 MiB reads, ext4 on a loop device in memory",
                               "MiB/s")):
-        bare, probed, ratio = _ratio(d[name])
-        lo, hi = _spread(d[name])
+        bare, probed, ratio = paired_ratio(d[name])
+        lo, hi = paired_spread(d[name])
         rows.append(f"| {what} | {bare:,.0f} {unit} | {probed:,.0f} {unit} | **{ratio:.3f}** "
                     f"({lo:.3f}–{hi:.3f}) |")
     stats = {name: d[name].get("stats", {}) for name in ("uring", "cold")}
@@ -237,7 +237,7 @@ def plot(d: dict, path: Path) -> None:
     fig, ax = plt.subplots(figsize=(5, 3.4))
     for x, key in enumerate(("uring", "cold")):
         paired = [p / q for q, p in zip(d[key]["bare"], d[key]["probed"])]
-        ax.bar(x, _ratio(d[key])[2], color=["#4c72b0", "#dd8452"][x], alpha=0.6)
+        ax.bar(x, paired_ratio(d[key])[2], color=["#4c72b0", "#dd8452"][x], alpha=0.6)
         ax.scatter([x] * len(paired), paired, color="black", s=10, zorder=3)
     ax.set_xticks([0, 1], ["io_uring 4k randread", "cold reads (page-cache fills)"])
     ax.axhline(1.0, color="grey", lw=0.8)

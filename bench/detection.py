@@ -35,6 +35,7 @@ import yaml
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 sys.path.insert(0, HERE)
+from common import machine  # noqa: E402
 from tracer import Tool  # noqa: E402
 
 EXAMPLES = os.path.join(ROOT, "examples")
@@ -99,7 +100,7 @@ def start_prometheus(agent_url: str, interval: float, work: str):
     """A real Prometheus scraping the agent every `interval` seconds."""
     sys.path.insert(0, ROOT)
     from tests.prometheus_server import free_port, launch
-    from tracehound.fleet.prometheus import wait_ready
+    from tracehound.clients.prometheus import wait_ready
     target = agent_url.split("//", 1)[1].split("/", 1)[0]
     config = {"global": {"scrape_interval": f"{interval:g}s",
                          "evaluation_interval": f"{interval:g}s"},
@@ -200,17 +201,6 @@ def markdown(results: dict, interval: float) -> str:
     lines += ["## Not run here", ""]
     lines += [f"- **{fault}**: {why}" for fault, why in NOT_RUN.items()]
     return "\n".join(lines) + "\n"
-
-
-def machine() -> str:
-    model = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            model = next((line.split(":", 1)[1].strip() for line in f
-                          if line.startswith("model name")), "")
-    except OSError:
-        pass
-    return f"{os.cpu_count()} CPUs, {model}, kernel {os.uname().release}"
 
 
 def main() -> int:

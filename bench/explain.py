@@ -45,7 +45,7 @@ from tests.cluster.conftest import Agents  # noqa: E402
 from tests.cluster.slurm import PARTITION, Cluster  # noqa: E402
 from tests.conftest import tracehound_cmd  # noqa: E402
 from tracehound.explain.fleet import explain  # noqa: E402
-from tracehound.fleet import prometheus  # noqa: E402
+from tracehound.clients import prometheus  # noqa: E402
 
 WINDOW = "5m"
 # one task of a job; its kind and the seconds it runs come as arguments,

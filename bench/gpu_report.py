@@ -14,6 +14,8 @@ import sys
 import xml.etree.ElementTree as ET
 from collections import Counter
 
+from common import cpu_model
+
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(HERE)
 PACK = os.path.join(ROOT, ".gpucheck")
@@ -161,13 +163,7 @@ def machine_stamp(smi: dict | None) -> dict:
     """The report's header; `smi` is gpu_smi.parse_smi's (None: nvidia-smi
     did not answer)."""
     gpus = Counter(g["name"] for g in (smi or {}).get("gpus", {}).values())
-    cpu = ""
-    try:
-        with open("/proc/cpuinfo") as f:
-            cpu = next((line.split(":", 1)[1].strip() for line in f
-                        if line.startswith("model name")), "")
-    except OSError:
-        pass
+    cpu = cpu_model()
     driver = (smi or {}).get("driver_version") or "unknown"
     if (smi or {}).get("cuda_version"):
         driver += f" (CUDA {smi['cuda_version']})"

@@ -25,6 +25,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from common import commit, cpu_model
 from tracehound.bpf.loader import BpfObject
 from tracehound.errors import TracehoundError
 
@@ -133,11 +134,10 @@ def main() -> int:
             subprocess.run(["umount", str(mnt)], check=False)
     # each round's cost against that round's filter, then the median
     cost = {p: statistics.median(v - f for v, f in zip(runs[p], runs["filter"])) for p in runs}
-    cpu_model = re.search(r"model name\s*:\s*(.*)", Path("/proc/cpuinfo").read_text())
     srso = Path("/sys/devices/system/cpu/vulnerabilities/spec_rstack_overflow")
     machine = {"date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-               "kernel": platform.release(), "cpu": cpu_model.group(1) if cpu_model else "?",
-               "nproc": os.cpu_count(),
+               "kernel": platform.release(), "cpu": cpu_model() or "?",
+               "nproc": os.cpu_count(), "commit": commit(),
                "return_mitigation": srso.read_text().strip() if srso.exists() else "?"}
     res = {"machine": machine, "rounds": args.rounds, "runtime_s": args.runtime,
            "ns_per_run": runs, "cost_ns": cost}

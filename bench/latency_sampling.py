@@ -41,7 +41,8 @@ from pathlib import Path
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from overhead_tools import REPO, facts, log, tree_env
+from common import log
+from overhead_tools import REPO, facts, tree_env
 from tracer import Tool
 
 HERE = Path(__file__).resolve().parent

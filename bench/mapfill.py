@@ -267,7 +267,7 @@ def fill_map(args) -> dict:
     and next_slot moved past them. Slots the probe hands out while this runs
     would be overwritten: fill an agent that is otherwise idle."""
     # imported here: the tree under test is on PYTHONPATH only in this process
-    from tracehound.probes import io
+    from tracehound.probes import io_maps as io
     started = time.monotonic()
     cgroup_ids = sorted(e.inode() for e in os.scandir(args.cgroups) if e.is_dir(follow_symlinks=False))
     mnt_ids = [int(m) for m in args.mnt_ids.split(",") if m]

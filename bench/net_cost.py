@@ -33,6 +33,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
+from common import commit, cpu_model, paired_ratio, paired_spread  # noqa: E402
 REPORT = REPO / "bench" / "report"
 CLONE_NEWNET = 0x40000000
 LOSS_PERCENT = 1.0
@@ -254,8 +255,7 @@ def main() -> None:
         if not probe.available:
             raise SystemExit(f"net probe: {probe.reason}")
         return probe
-    data = {"cpu": next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo")
-                         if ln.startswith("model name")), "?"),
+    data = {"cpu": cpu_model() or "?", "commit": commit(),
             "vcpus": os.cpu_count(), "kernel": platform.release(),
             "rounds": args.rounds, "seconds": args.seconds, "loss_percent": LOSS_PERCENT}
     # first: TIME_WAIT sockets of the connect rounds stay in the kernel's
@@ -285,23 +285,9 @@ def main() -> None:
     plot(data, REPORT / "net_cost.png")
 
 
-def _ratio(d: dict) -> tuple[float, float, float]:
-    """median rates without and with, and the median of the rounds' paired
-    ratios (each probed round against the bare round just before it, so a
-    load that drifts over the run cancels)"""
-    b, w = statistics.median(d["bare"]), statistics.median(d["probed"])
-    return b, w, statistics.median(p / q for q, p in zip(d["bare"], d["probed"]))
-
-
-def _spread(d: dict) -> tuple[float, float]:
-    """the paired ratios' lower and upper quartiles: the rounds' own noise"""
-    q = statistics.quantiles([p / q for q, p in zip(d["bare"], d["probed"])], n=4)
-    return q[0], q[2]
-
-
 def report(d: dict) -> str:
-    cb, cw, cr = _ratio(d["connect"])
-    bb, bw, br = _ratio(d["bulk"])
+    cb, cw, cr = paired_ratio(d["connect"])
+    bb, bw, br = paired_ratio(d["bulk"])
     cs, bs = d.get("connect_stats") or {}, d.get("bulk_stats") or {}
     progs = [(load, name, v) for load, st in (("connect", cs), ("bulk with loss", bs))
              for name, v in sorted(st.get("programs", {}).items())]
@@ -320,9 +306,9 @@ def report(d: dict) -> str:
         "| workload | without (median) | with the probe (median) | with / without "
         "(paired, median) | quartiles of the paired ratios |", "|---|---:|---:|---:|---:|",
         f"| connect + close, loopback | {cb:,.0f} conn/s | {cw:,.0f} conn/s | {cr:.3f} | "
-        "{:.3f} .. {:.3f} |".format(*_spread(d["connect"])),
+        "{:.3f} .. {:.3f} |".format(*paired_spread(d["connect"])),
         f"| bulk send, {d['loss_percent']}% loss on lo | {bb / 1e6:,.1f} MB/s | "
-        f"{bw / 1e6:,.1f} MB/s | {br:.3f} | " + "{:.3f} .. {:.3f} |".format(*_spread(d["bulk"])),
+        f"{bw / 1e6:,.1f} MB/s | {br:.3f} | " + "{:.3f} .. {:.3f} |".format(*paired_spread(d["bulk"])),
         "",
         "A ratio whose quartiles straddle 1 is no measurable difference: on this shared 2-vCPU "
         "guest the rounds' own noise is larger than the probe. Loss-limited TCP throughput also "
@@ -377,7 +363,7 @@ def plot(d: dict, path: Path) -> None:
     names = ["connect+close", "bulk with loss"]
     for x, key in enumerate(("connect", "bulk")):
         paired = [p / q for q, p in zip(d[key]["bare"], d[key]["probed"])]
-        a.bar(x, _ratio(d[key])[2], color=["#4c72b0", "#dd8452"][x], alpha=0.6)
+        a.bar(x, paired_ratio(d[key])[2], color=["#4c72b0", "#dd8452"][x], alpha=0.6)
         a.scatter([x] * len(paired), paired, color="black", s=10, zorder=3)
     a.set_xticks([0, 1], names)
     a.axhline(1.0, color="grey", lw=0.8)

@@ -27,11 +27,12 @@ import urllib.request
 from pathlib import Path
 
 from overhead_report import CONDITIONS, WORKLOADS, write_reports
-from overhead_tools import (REPO, agent_has_option, enable_stats, facts, fio_cmd, log, mount_id_of,
+from common import log
+from overhead_tools import (REPO, agent_has_option, enable_stats, facts, fio_cmd, mount_id_of,
                             mount_offset, prog_stats, run_fio, stats_delta, summarize, tree_env)
 from tracer import Tool
 
-from tracehound.progress import steps
+from tracehound.terminal_progress import steps
 
 HERE = Path(__file__).resolve().parent
 AGENT = [str(REPO / ".venv/bin/tracehound"), "run", "--listen", "127.0.0.1:0"]

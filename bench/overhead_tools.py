@@ -12,20 +12,12 @@ import platform
 import re
 import statistics
 import subprocess
-import time
 from pathlib import Path
 
+from common import commit, cpu_model, loadavg, sh
 from tracehound.host.mounts import MountTable
 
 REPO = Path(__file__).resolve().parent.parent
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def sh(cmd: list[str], env: dict | None = None) -> str:
-    return subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
 
 
 def tree_env() -> dict:
@@ -160,15 +152,9 @@ def summarize(iops: dict[str, list[float]]) -> dict:
 
 
 def facts() -> dict:
-    cpu = re.search(r"model name\s*:\s*(.*)", Path("/proc/cpuinfo").read_text())
-    # no optional locks: reading the tree's state must not rewrite its index
-    dirty = subprocess.run(["git", "--no-optional-locks", "-C", str(REPO), "status", "--porcelain",
-                            "src"], capture_output=True, text=True).stdout.strip()
     return {"date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-            "kernel": platform.release(), "cpu": cpu.group(1) if cpu else "?",
+            "kernel": platform.release(), "cpu": cpu_model() or "?",
             "nproc": os.cpu_count(), "fio": sh(["fio", "--version"]).strip(),
             "bpftrace": sh(["bpftrace", "--version"]).strip(),
             "bpftool": sh(["bpftool", "version"]).splitlines()[0],
-            "tracehound_commit": sh(["git", "-C", str(REPO), "rev-parse", "--short", "HEAD"]).strip()
-            + (" + uncommitted changes in src/" if dirty else ""),
-            "loadavg_start": Path("/proc/loadavg").read_text().split()[:3]}
+            "tracehound_commit": commit(REPO, ("src",)), "loadavg_start": loadavg()}

@@ -8,8 +8,8 @@ import time
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from tracehound.exporter.exposition import (TEXT, Blocks, HistogramRows, Log2Histogram,
-                                            ValueRows, render)
+from tracehound.exporter.exposition import TEXT, render
+from tracehound.exporter.rows import Blocks, HistogramRows, Log2Histogram, ValueRows
 from tracehound.exporter.text_parse import parse
 from tracehound.top.rates import parse_metrics
 

@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime as dt
+import functools
 import http.client
 import os
 import platform
@@ -32,11 +33,13 @@ from pathlib import Path
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
+from common import cpu_model, loadavg, sh
+from common import log as log_to
 from mapfill import Workload, remove_cgroup, unmount_under
 from scrape_report import CG_PARENT, text_facts, write_reports
 
 from tracehound.host.mounts import MountTable
-from tracehound.progress import steps
+from tracehound.terminal_progress import steps
 
 HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
@@ -47,15 +50,8 @@ TEXT = "text/plain;version=0.0.4"
 PROTO = ("application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;"
          "encoding=delimited;q=0.7,text/plain;version=0.0.4;q=0.3")
 TICK = os.sysconf("SC_CLK_TCK")
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=sys.stderr, flush=True)
-
-
-def sh(cmd: list, **kw) -> str:
-    return subprocess.run([str(c) for c in cmd], check=True, capture_output=True, text=True,
-                          **kw).stdout
+# progress on stderr: stdout is left to what the run is asked to print
+log = functools.partial(log_to, stream=sys.stderr)
 
 
 def size_of(text: str) -> tuple[int, int]:
@@ -312,15 +308,14 @@ def revision(tree: Path, rev: str = "HEAD") -> str:
 
 
 def facts(args) -> dict:
-    cpu = re.search(r"model name\s*:\s*(.*)", Path("/proc/cpuinfo").read_text())
     mem = re.search(r"MemTotal:\s+(\d+)", Path("/proc/meminfo").read_text())
     return {"date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
-            "cpu": cpu.group(1) if cpu else "?", "nproc": os.cpu_count(),
+            "cpu": cpu_model() or "?", "nproc": os.cpu_count(),
             "memory_gib": round(int(mem.group(1)) / 2**20, 1), "kernel": platform.release(),
             "python": platform.python_version(), "agent_tree": str(args.tree),
             "agent_revision": revision(args.tree),
             "baseline_revision": None if args.no_baseline else revision(REPO, args.baseline_rev),
-            "loadavg_start": Path("/proc/loadavg").read_text().split()[:3]}
+            "loadavg_start": loadavg()}
 
 
 def main() -> int:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO / "src"))
+from common import commit, cpu_model  # noqa: E402
 REPORT = REPO / "bench" / "report"
 
 LIB = "__attribute__((noinline)) void *ibv_alloc_pd(void *ctx)\n" \
@@ -114,17 +115,16 @@ def main() -> None:
         finally:
             obj.close()
     b, w = statistics.median(bare), statistics.median(probed)
-    data = {"calls": args.calls, "rounds": args.rounds, "cpu": platform.processor() or
-            platform.machine(), "kernel": platform.release(), "bare_ns": bare, "probed_ns": probed,
+    data = {"calls": args.calls, "rounds": args.rounds, "cpu": cpu_model() or
+            platform.machine(), "commit": commit(), "kernel": platform.release(), "bare_ns": bare, "probed_ns": probed,
             "median_bare_ns": b, "median_probed_ns": w, "added_ns": w - b,
             "empty_programs_ns": empty}
     REPORT.mkdir(parents=True, exist_ok=True)
     (REPORT / "uprobe-cost.json").write_text(json.dumps(data, indent=2))
-    cpu = next((ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo")
-                if ln.startswith("model name")), "?")
+    cpu = cpu_model() or "?"
     (REPORT / "uprobe-cost.md").write_text(
         "# The application view's uprobes, natively (no emulation)\n\n"
-        f"{cpu} (this host; a KVM guest), kernel {platform.release()}. A loop calls a stand-in `ibv_alloc_pd` that returns "
+        f"{cpu} (this host; a KVM guest), kernel {platform.release()}, commit {data['commit']}. A loop calls a stand-in `ibv_alloc_pd` that returns "
         f"NULL, {args.calls} times per round, {args.rounds} rounds alternating without and with "
         "the probe's own `up_ibv_alloc_pd` and `ur_ibv_alloc_pd` attached (a failed create: the "
         "entry program records the call, the return program counts the error by op, errno, "

@@ -35,7 +35,8 @@ import time
 from pathlib import Path
 
 from vm_modes_ceems import build_ceems, hold
-from vm_modes_common import HERE, MODES, REPO, WORKLOADS, log
+from common import log
+from vm_modes_common import HERE, MODES, REPO, WORKLOADS
 from vm_modes_guest import guest
 
 # rough seconds to start and stop each kind under TCG on a 2-CPU host, for the estimate only

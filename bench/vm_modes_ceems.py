@@ -13,7 +13,7 @@ import subprocess
 import threading
 from pathlib import Path
 
-from vm_modes_common import sh
+from common import sh
 
 BPF_TRACE_FENTRY, BPF_TRACE_FEXIT = 24, 25
 CGROUP2_SUPER_MAGIC, CGROUP_SUPER_MAGIC = 0x63677270, 0x27E0EB

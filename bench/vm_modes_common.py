@@ -2,8 +2,6 @@
 share: where things are, the fio workloads and the hook modes compared."""
 from __future__ import annotations
 
-import subprocess
-import time
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -17,11 +15,3 @@ WORKLOADS = {  # name: (file, fio rw, block size)
     "seqread-1m": ("r", "read", "1M"),
     "seqwrite-1m": ("w", "write", "1M"),
 }
-
-
-def log(msg: str) -> None:
-    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
-def sh(cmd: list[str]) -> str:
-    return subprocess.run(cmd, check=True, capture_output=True, text=True).stdout

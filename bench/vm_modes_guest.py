@@ -18,7 +18,8 @@ import time
 import urllib.request
 from pathlib import Path
 
-from vm_modes_common import CGROUP, HERE, MNT, MODES, STATS, WORKLOADS, log, sh
+from common import log, sh
+from vm_modes_common import CGROUP, HERE, MNT, MODES, STATS, WORKLOADS
 from vm_modes_tool import Tool, prog_names, prog_runs
 
 

@@ -9,7 +9,7 @@ import re
 from pathlib import Path
 
 import tracer
-from vm_modes_common import sh
+from common import sh
 
 
 def prog_runs(pid: int) -> dict[int, tuple[int, int]]:

@@ -10,7 +10,7 @@ from typing import Iterator
 import pytest
 import yaml
 
-from tracehound.fleet.prometheus import DetectionTimeout, wait_ready
+from tracehound.clients.prometheus import DetectionTimeout, wait_ready
 
 PROMETHEUS = "/usr/bin/prometheus"
 

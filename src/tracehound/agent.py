@@ -13,7 +13,7 @@ from .attribution import cgroup_layout
 from .attribution.cgroups import CgroupResolver
 from .attribution.kubelet import pod_source
 from .attribution.owners import Owners
-from .attribution.procs import cgroup_v2_path
+from .host.procs import cgroup_v2_path
 from .attribution.resolver import WorkloadResolver
 from .config import AgentConfig
 from .detect.schedule import DetectorSchedule, Job

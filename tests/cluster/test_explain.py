@@ -31,7 +31,7 @@ from tests.cluster.test_fleet_chaos import fleet_argv, fleet_report, run_fleet
 from tests.cluster.test_health import WAIT_S, ours
 from tests.cluster.test_job_io import poll
 from tests.conftest import tracehound_cmd
-from tracehound.attribution.procs import proc_cgroups
+from tracehound.host.procs import proc_cgroups
 from tracehound.chaos.faults.io_space import mount_of
 
 # a rank that checkpoints: says its pid, then a direct 256 KiB write every

@@ -26,7 +26,7 @@ import pytest
 from tests.cluster.test_job_io import poll
 from tests.conftest import tracehound_cmd
 from tracehound.chaos.fleet.plan import draw
-from tracehound.fleet import prometheus
+from tracehound.clients import prometheus
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "fleet"
 WAIT_S = 60

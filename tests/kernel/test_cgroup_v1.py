@@ -16,7 +16,7 @@ import uuid
 import pytest
 
 from tracehound.attribution.cgroup_layout import v1_hierarchies
-from tracehound.attribution.procs import proc_cgroups
+from tracehound.host.procs import proc_cgroups
 from tracehound.host.mounts import MountTable
 from tracehound.probes.cgroup_names import CgroupNamesProbe
 

@@ -17,7 +17,7 @@ import pytest
 
 from tests.conftest import ROOT, tracehound_cmd
 from tests.kernel.conftest import start_agent, stop_agent
-from tracehound.attribution.procs import cgroup_v2_path
+from tracehound.host.procs import cgroup_v2_path
 
 EXAMPLES = os.path.join(ROOT, "examples")
 BLKIO = "/sys/fs/cgroup/blkio"

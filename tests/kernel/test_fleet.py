@@ -1,6 +1,6 @@
 """A small fleet on one host: three agents, each in a network namespace of its
 own (its "node"), scraped by a real Prometheus with deploy/prometheus's scrape
-job and alerting rules, queried through tracehound.fleet.prometheus. As
+job and alerting rules, queried through tracehound.clients.prometheus. As
 shipped, the job scrapes over TLS with a password: the agents serve a web
 config with a certificate for "tracehound" from a CA made for the test.
 
@@ -29,7 +29,7 @@ from tests import prometheus_server, tls_files
 from tests.conftest import ROOT, tracehound_cmd
 from tests.kernel.conftest import require_tools, run_in_cgroup
 from tracehound.chaos.scaffold import start_writer, stop_workload
-from tracehound.fleet.prometheus import (
+from tracehound.clients.prometheus import (
     DetectionTimeout,
     PrometheusError,
     query,

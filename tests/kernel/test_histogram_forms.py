@@ -10,7 +10,7 @@ from tests.kernel.conftest import mount_of, run_in_cgroup
 from tests.kernel.test_top import prometheus  # noqa: F401  (the fixture, in both forms)
 from tests.unit.test_deploy_dashboard import load_dashboard
 from tracehound.explain.rules import RULES, fill
-from tracehound.fleet.prometheus import query, wait_for
+from tracehound.clients.prometheus import query, wait_for
 
 # Grafana's variables, as a dashboard with every node, job and pod selected fills them
 GRAFANA = {'"$node"': '".*"', '"$job_id"': '".*"', '"$pod"': '".*"', "$__rate_interval": "1m"}

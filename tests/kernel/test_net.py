@@ -23,6 +23,7 @@ from tracehound.config import AgentConfig
 from tracehound.host import sockdiag
 from tracehound.host.mounts import MountTable
 from tracehound.errors import ProbeError
+from tracehound.bpf import lifecycle
 from tracehound.probes import net as net_mod
 from tracehound.probes.net import NetProbe
 from tracehound.subsystems.base import Context
@@ -284,7 +285,7 @@ def test_a_hook_the_kernel_lacks_or_refuses_degrades_only_its_counter(env, monke
                 raise ProbeError("tb_tcp_retransmit_skb", "tp_btf/tcp_retransmit_skb",
                                  "load failed: Permission denied")
             super().load()
-    monkeypatch.setattr(net_mod, "BpfObject", Refusing)
+    monkeypatch.setattr(lifecycle, "BpfObject", Refusing)     # every probe opens through it
     with NetProbe() as probe:
         assert probe.modes() == {"net.retransmit": "raw_tp", "net.connect": "tp_btf"}
         assert "not in this kernel" in probe.missing()["net.reset"]

@@ -23,7 +23,7 @@ from tests.conftest import tracehound_cmd
 from tests.kernel.conftest import (exec_in_cgroup, mount_of, remove_cgroup, require_tools,
                                    run_in_cgroup, series)
 from tests.kernel.test_pressure import wait_for as wait_until
-from tracehound.fleet.prometheus import wait_for
+from tracehound.clients.prometheus import wait_for
 
 # Writes (or reads) 1 MiB in 64 KiB calls every 10 ms at offset 0 of a tmpfs
 # file until killed: steady bandwidth without filling the file system.

@@ -6,7 +6,7 @@ from tests.unit.fixtures.fakeproc import add_cgroup, add_process
 from tracehound.attribution.cgroup_layout import choose, v1_hierarchies
 from tracehound.attribution.cgroups import CgroupResolver
 from tracehound.attribution.owners import Owners, normal_scope
-from tracehound.attribution.procs import parse_proc_cgroup
+from tracehound.host.procs import parse_proc_cgroup
 from tracehound.attribution.resolver import WorkloadResolver
 from tracehound.errors import SetupError
 from tracehound.host.mounts import MountTable

@@ -11,7 +11,7 @@ import pytest
 from tests import prometheus_server
 from tracehound.chaos import detection as detect, metrics
 from tracehound.chaos.faults import Detection
-from tracehound.fleet.prometheus import wait_for
+from tracehound.clients.prometheus import wait_for
 
 # what a test waits for at most: never reached unless something is broken
 DEADLINE = 60

@@ -8,8 +8,9 @@ from tracehound.attribution.owners import Owners
 from tracehound.attribution.resolver import WorkloadResolver
 from tracehound.collectors import io as col
 from tracehound.host.mounts import MountTable
-from tracehound.probes import io as io_mod
-from tracehound.probes.io import KEY, IoProbe, IoProbeConfig
+from tracehound.probes import io_maps as io_mod
+from tracehound.probes.io import IoProbe, IoProbeConfig
+from tracehound.probes.io_maps import KEY
 
 SAMPLE = "27 1 254:0 / / rw - ext4 /dev/vda rw\n40 27 0:50 / /scratch rw - tmpfs t rw\n"
 

@@ -1,4 +1,4 @@
-"""tracehound.fleet.prometheus against a real Prometheus server (no agent, no
+"""tracehound.clients.prometheus against a real Prometheus server (no agent, no
 root): result types, errors, and waiting through a server that is still starting."""
 import shutil
 import threading
@@ -7,8 +7,8 @@ import time
 import pytest
 
 from tests import prometheus_server
-from tracehound.fleet import prometheus as fleet_prometheus
-from tracehound.fleet.prometheus import (
+from tracehound.clients import prometheus as fleet_prometheus
+from tracehound.clients.prometheus import (
     DetectionTimeout,
     PrometheusError,
     query,

@@ -14,8 +14,8 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families as text_parse
 
 from tracehound.exporter import exposition, scrape
-from tracehound.exporter.exposition import (Blocks, HistogramRows, Log2Histogram, ValueRows,
-                                            render)
+from tracehound.exporter.exposition import render
+from tracehound.exporter.rows import Blocks, HistogramRows, Log2Histogram, ValueRows
 from tracehound.exporter.messages import Request
 from tracehound.exporter.scrape import Scraper
 

@@ -14,7 +14,8 @@ from prometheus_client.openmetrics.parser import text_string_to_metric_families 
 from prometheus_client.parser import text_string_to_metric_families as text_parse
 
 from tracehound.attribution.cgroup_watch import CgroupWatcher
-from tracehound.exporter import exposition, failures
+from tracehound.exporter import failures
+from tracehound.exporter import rows as rows_mod
 from tracehound.exporter.events import EventLog
 from tracehound.exporter.messages import call_wsgi
 from tracehound.exporter.registry import CollectorHealth
@@ -120,7 +121,7 @@ class Broken(Metric):
         pass
 
 
-class BrokenRows(exposition.ValueRows):
+class BrokenRows(rows_mod.ValueRows):
     def text(self, openmetrics):
         raise RuntimeError("no text today")
 
@@ -129,11 +130,11 @@ class BrokenRows(exposition.ValueRows):
 
 
 def with_broken():
-    blocks = exposition.Blocks(["cgroup"])
+    blocks = rows_mod.Blocks(["cgroup"])
     rows = [blocks.get((HOSTILE,))]
     return [GaugeMetricFamily("t_before", "First.", value=1), Broken(),
             BrokenRows("t_rows", "Rows.", "gauge", rows, [1]),
-            exposition.ValueRows("t_good_rows", "Rows.", "gauge", rows, [5]),
+            rows_mod.ValueRows("t_good_rows", "Rows.", "gauge", rows, [5]),
             GaugeMetricFamily("t_after", "Last.", value=2)]
 
 
@@ -208,8 +209,8 @@ def test_promtool_accepts_every_hostile_label_value_in_one_scrape():
     import subprocess
 
     def make():
-        blocks = exposition.Blocks(["cgroup"])
-        rows = exposition.ValueRows("t_rows", "Rows.", "counter",
+        blocks = rows_mod.Blocks(["cgroup"])
+        rows = rows_mod.ValueRows("t_rows", "Rows.", "counter",
                                     [blocks.get((v,)) for v in HOSTILE_VALUES],
                                     list(range(len(HOSTILE_VALUES))))
         plain = GaugeMetricFamily("t_plain", "Plain \udcff help.", labels=["cgroup"])

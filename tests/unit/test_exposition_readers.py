@@ -5,9 +5,10 @@ an ANSI escape or rich markup is read whole and shown inert."""
 from prometheus_client.core import CounterMetricFamily
 from prometheus_client.parser import text_string_to_metric_families
 
-from tracehound.attribution.procs import cgroup_v2_path, parse_proc_cgroup
+from tracehound.host.procs import cgroup_v2_path, parse_proc_cgroup
 from tracehound.chaos.metrics import parse_samples
-from tracehound.exporter.exposition import TEXT, Blocks, ValueRows, render
+from tracehound.exporter.exposition import TEXT, render
+from tracehound.exporter.rows import Blocks, ValueRows
 from tracehound.exporter.text_parse import parse
 from tracehound.top.model import IoRow, RdmaObjectRow, Snapshot
 from tracehound.top.state import ViewState

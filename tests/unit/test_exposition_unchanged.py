@@ -26,7 +26,7 @@ from tracehound.exporter.exposition import TEXT, render
 from tracehound.exporter.registry import register_all
 from tracehound.exporter.scrape import Scraper
 from tracehound.host.mounts import MountTable
-from tracehound.probes.io import COUNTERS_AT, IO_STATS, LOOKUP_OPS
+from tracehound.probes.io_maps import COUNTERS_AT, IO_STATS, LOOKUP_OPS
 from tracehound.probes.rdma_maps import MAPS as RDMA_MAPS
 from tracehound.subsystems.base import Context
 from tracehound.subsystems.io import IoSubsystem

@@ -17,7 +17,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from tracehound.attribution.kubelet import parse_pod_list
-from tracehound.attribution.procs import parse_proc_cgroup
+from tracehound.host.procs import parse_proc_cgroup
 from tracehound.attribution.resolver import WorkloadResolver
 from tracehound.attribution.workload import WORKLOAD_LABELS
 from tracehound.chaos import document, jsonpath, schema
@@ -285,7 +285,7 @@ def _one_of_each_kind(value: str):
     prometheus_client family (every other collector)."""
     from prometheus_client.core import GaugeMetricFamily
 
-    from tracehound.exporter.exposition import Blocks, ValueRows
+    from tracehound.exporter.rows import Blocks, ValueRows
     rows = ValueRows("t_rows", "Rows.", "gauge", [Blocks(["v"]).get((value,))], [1])
     plain = GaugeMetricFamily("t_plain", "Plain.", labels=["v"])
     plain.add_metric([value], 2)

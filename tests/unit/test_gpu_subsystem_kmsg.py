@@ -6,7 +6,7 @@ from types import SimpleNamespace
 import pytest
 
 from tracehound.config import AgentConfig
-from tracehound.detect.progress import ProgressBoard
+from tracehound.detect.progress_board import ProgressBoard
 from tracehound.subsystems import gpu as sub
 
 

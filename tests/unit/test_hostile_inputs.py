@@ -11,7 +11,7 @@ import pytest
 from tests.unit.test_cli import one_line_error, th
 from tracehound.errors import SetupError
 from tracehound.exporter.events import EventLog
-from tracehound.exporter.exposition import Block
+from tracehound.exporter.rows import Block
 from tracehound.exporter.messages import call_wsgi
 from tracehound.exporter.server import parse_listen
 from tracehound.host.mounts import MAX_TABLE_BYTES, MountTable, MountTableError

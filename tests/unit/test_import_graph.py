@@ -232,3 +232,58 @@ def test_the_scanner_resolves_relative_and_nested_imports():
     assert set(scan.edges) == {sibling, f"{PKG}.errors"}
     assert [p.split(": ", 1)[1] for p in scan.private] == [
         "uses errors._hidden", f"uses {_short(sibling)}._x", "imports _y from errors"]
+
+
+# --- layers ------------------------------------------------------------------
+
+# Lowest first. A package (or top-level module) imports only from layers below
+# its own, never beside or above it: the node's readers cannot reach the
+# agent's assembly, and nothing below the tools knows a tool. docs/architecture.md
+# ("Layers") says the same in words.
+LAYERS = (
+    ("base", {PKG, "errors", "defaults", "printable", "signals", "conditions", "logsink",
+              "terminal_progress"}),
+    ("node access", {"host", "bpf", "clients", "instance"}),
+    ("sources and formats", {"attribution", "probes", "gpu", "exporter", "config",
+                             "preflight"}),
+    ("readers", {"collectors", "detect"}),
+    ("assembly", {"subsystems"}),
+    ("agent", {"agent"}),
+    ("tools", {"chaos", "explain", "health", "top"}),
+    ("commands", {"commands", "cli"}),
+    ("entry point", {"__main__"}),
+)
+LAYER_OF = {name: i for i, (_title, members) in enumerate(LAYERS) for name in members}
+
+
+def _upward_or_sideways(scans) -> list[str]:
+    out = []
+    for m, s in scans.items():
+        a = _package(m)
+        for t, line in s.edges.items():
+            b = _package(t)
+            if a != b and LAYER_OF[b] >= LAYER_OF[a]:
+                out.append(f"{_short(m)}:{line} imports {_short(t)}: "
+                           f"{LAYERS[LAYER_OF[a]][0]} -> {LAYERS[LAYER_OF[b]][0]}")
+    return out
+
+
+def test_every_package_has_a_layer():
+    assert {_package(m) for m in MODULES} - set(LAYER_OF) == set(), \
+        "a package or top-level module with no layer: add it to LAYERS and to " \
+        "docs/architecture.md"
+
+
+def test_imports_go_down_the_layers_only():
+    wrong = _upward_or_sideways(SCANS)
+    assert not wrong, "imports that do not go down the layers:\n" + "\n".join(wrong)
+
+
+def test_the_layer_check_sees_an_import_up_and_one_beside():
+    probe = f"{PKG}.probes.io"
+    scan = _Scan(probe)
+    scan.visit(ast.parse(f"from {PKG}.subsystems import io\nfrom {PKG} import gpu\n"
+                         f"from {PKG} import errors\n"))
+    got = _upward_or_sideways({probe: scan})
+    assert [g.split(": ", 1)[1] for g in got] == [
+        "sources and formats -> assembly", "sources and formats -> sources and formats"], got

@@ -10,7 +10,7 @@ import pytest
 from tracehound.bpf.layout import EnumLayout, Layout, check, read_btf
 from tracehound.probes import cgroup_names as names_mod
 from tracehound.probes import exits as exits_mod
-from tracehound.probes import io as io_mod
+from tracehound.probes import io_maps as io_mod
 from tracehound.probes import net as net_mod
 from tracehound.probes import object_path
 from tracehound.probes import rdma_maps as rdma_mod
@@ -58,7 +58,7 @@ def test_layout_matches_the_object_btf(obj, layout):
 
 
 def test_io_stats_is_the_flat_array_python_reads():
-    # probes/io.py reads io_stats as its owner key and one flat array of
+    # probes/io_maps.py reads io_stats as its owner key and one flat array of
     # N_FIELDS u64
     assert IO_STATS.fields[0].name == "owner" and IO_STATS.fields[0].size == io_mod.COUNTERS_AT
     assert IO_STATS.size == io_mod.COUNTERS_AT + 8 * io_mod.N_FIELDS

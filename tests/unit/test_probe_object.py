@@ -3,7 +3,7 @@ import pytest
 
 from tracehound.bpf import features
 from tracehound.bpf.loader import BpfObject
-from tracehound.probes import io, object_path
+from tracehound.probes import io, io_maps, object_path
 
 
 @pytest.mark.parametrize("name", ["io", io.COMPAT_OBJECT])
@@ -24,10 +24,10 @@ def test_every_planned_program_exists_and_nothing_is_orphaned(name):
 
 
 def test_op_masks_partition_the_operations():
-    masks = [io.op_mask(g.name) for g in io.GROUPS]
+    masks = [io_maps.op_mask(g.name) for g in io.GROUPS]
     # every operation has one group; the syscall-exit groups have a bit of their own
-    assert sum(masks) == (1 << len(io.OPS)) - 1 + sum(io.TP_BITS.values())
-    assert all(io.op_mask(g) for g in io.TP_BITS)
+    assert sum(masks) == (1 << len(io_maps.OPS)) - 1 + sum(io_maps.TP_BITS.values())
+    assert all(io_maps.op_mask(g) for g in io_maps.TP_BITS)
     for i, a in enumerate(masks):
         for b in masks[i + 1:]:
             assert a & b == 0

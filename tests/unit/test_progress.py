@@ -1,7 +1,7 @@
 """Plain progress lines when not on a terminal."""
 import io
 
-from tracehound.progress import steps
+from tracehound.terminal_progress import steps
 
 
 def test_plain_lines_count_steps_and_estimate_time_left():

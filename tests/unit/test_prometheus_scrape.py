@@ -23,7 +23,7 @@ from tests.unit.test_exposition_unchanged import (HERE, LEFT_OUT, NEW_FAMILIES, 
                                                    started_subsystems)
 from tracehound.exporter.registry import register_all
 from tracehound.exporter.server import Exporter
-from tracehound.fleet.prometheus import query, wait_for
+from tracehound.clients.prometheus import query, wait_for
 
 HISTOGRAMS = [f"tracehound_io_{op}_latency_seconds" for op in ("read", "write", "fsync")]
 QUANTILES = (0.1, 0.5, 0.9, 0.99)

@@ -14,7 +14,7 @@ from tests import prometheus_server, tls_files
 from tests.tls_files import HASH, PASSWORD
 from tracehound.exporter.server import Exporter
 from tracehound.exporter.webconfig import load
-from tracehound.fleet.prometheus import query, wait_for
+from tracehound.clients.prometheus import query, wait_for
 
 DEADLINE = 60
 

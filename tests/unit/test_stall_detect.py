@@ -6,7 +6,7 @@ import os
 import pytest
 
 from tracehound.attribution.workload import WORKLOAD_LABELS
-from tracehound.detect.progress import ProgressBoard
+from tracehound.detect.progress_board import ProgressBoard
 from tracehound.detect.stall import StallConfig, StallDetector
 
 

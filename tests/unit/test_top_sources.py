@@ -16,7 +16,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from tests import prometheus_server
 from tracehound import cli
 from tracehound.collectors.io import OPS
-from tracehound.fleet import prometheus as promql
+from tracehound.clients import prometheus as promql
 from tracehound.top.source import ERROR_OPS, MetricsSource, PrometheusSource, SourceError
 
 from tests.unit.test_top_rates import exposition, io_series

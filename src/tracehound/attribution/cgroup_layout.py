@@ -23,7 +23,7 @@ import os
 from dataclasses import dataclass
 
 from ..errors import SetupError
-from .procs import proc_cgroups
+from ..host.procs import proc_cgroups
 
 V1_KEYS = ("freezer", "cpuset", "memory")
 KEYS = ("v2", *V1_KEYS)

@@ -12,7 +12,7 @@ import threading
 from collections.abc import Callable, Iterable
 
 from .cgroups import CgroupResolver
-from .procs import cgroup_v2_path
+from ..host.procs import cgroup_v2_path
 from .resolver import WorkloadResolver
 from .workload import WORKLOAD_LABELS
 

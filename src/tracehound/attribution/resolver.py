@@ -24,7 +24,7 @@ from typing import Callable
 
 from . import kubelet, kubernetes, libvirt, slurm, systemd
 from .kubelet import PodSource
-from .procs import read_pids, read_text
+from ..host.procs import read_pids, read_text
 from .slurm_jobs import JobIdSource, default_job_id_source
 from .workload import UNATTRIBUTED, Workload
 

@@ -35,7 +35,7 @@ import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from .procs import walk_pids
+from ..host.procs import walk_pids
 from .slurm_jobs import JobIdSource
 from .workload import SLURM, Workload
 

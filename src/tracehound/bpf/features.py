@@ -76,6 +76,12 @@ class GroupPlan:
         return "; ".join(f"{m}: {c.reason}" for m, c in self.checks.items()) or "not checked"
 
 
+def wanted_programs(plans: Sequence[GroupPlan]) -> set[str]:
+    """The programs the planned groups load in their chosen modes (a group
+    with no mode loads none)."""
+    return {name for p in plans if p.mode for name in p.group.programs(p.mode)}
+
+
 def ensure_tracefs() -> bool:
     """Mount tracefs if nothing has; tracepoint and kprobe attach need it."""
     if os.path.exists(os.path.join(TRACEFS, "events")):

@@ -7,8 +7,8 @@ import re
 from dataclasses import dataclass
 
 from ..exporter import text_parse
-from ..fleet import prometheus
-from ..fleet.agent_client import open_agent
+from ..clients import prometheus
+from ..clients.agent_client import open_agent
 
 DEFAULT_AGENT_URL = "http://127.0.0.1:9560/metrics"
 _NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"

@@ -15,7 +15,7 @@ import datetime
 import signal
 import time
 
-from ..progress import steps
+from ..terminal_progress import steps
 from . import faults as catalog
 from . import providers
 from .detection import baseline_and_before, run_detection, run_query, with_defaults

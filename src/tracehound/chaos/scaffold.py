@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 
-from ..attribution.procs import read_pids
+from ..host.procs import read_pids
 from .faults.targets import cgroup2_root, cgroup_procs, check_cgroup_path
 
 

@@ -2,7 +2,7 @@
 
 Values come as flat arrays in struct io_stats' order (probes/io.py decodes
 them); this module only sums them per label set and names them. Families are
-exposition.Rows: label blocks are rendered once per label set and kept while
+rows.Rows: label blocks are rendered once per label set and kept while
 it lives, so a scrape of thousands of series only formats numbers.
 """
 from __future__ import annotations
@@ -16,11 +16,11 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from .. import defaults
 from ..attribution.owners import Owners
 from ..attribution.workload import WORKLOAD_LABELS
-from ..exporter.exposition import Blocks, HistogramRows, Log2Histogram, Slices, ValueRows
+from ..exporter.rows import Blocks, HistogramRows, Log2Histogram, Slices, ValueRows
 from ..exporter.series import SeriesBook
 from ..host.mounts import MountTable
-from ..probes.io import (CACHE_FILL, HEALTH, HIST_SLOTS, HISTS, KEY_DEV, LOOKUP_OPS, N_FIELDS, OPS,
-                         IoKey)
+from ..probes.io_maps import (CACHE_FILL, HEALTH, HIST_SLOTS, HISTS, KEY_DEV, LOOKUP_OPS,
+                              N_FIELDS, OPS, IoKey)
 
 # Exported bucket bounds: 2^k ns for k in 10..31 (1 us .. 2.1 s). Kernel
 # slots below 2^10 ns fold into the first bucket; slot 31 only reaches +Inf.

@@ -62,7 +62,7 @@ def cmd_explain(args) -> int:
                              args.timeline or bool(args.plot))
         else:
             from ..explain.node import explain_node
-            from ..fleet.agent_client import metrics_url
+            from ..clients.agent_client import metrics_url
             url = metrics_url(args.url)
             answer = explain_node(url, args.job, args.window, args.node)
     except ExplainError as exc:

@@ -15,7 +15,7 @@ import syslog
 import time
 
 from .. import defaults
-from ..fleet.agent_client import URL_VARIABLE, metrics_url
+from ..clients.agent_client import URL_VARIABLE, metrics_url
 from ..health.check import ERROR, Options, check
 from ..health.rules import CONDITIONS, DEFAULT_CONDITIONS, Rules
 from ..health.slurm import Breaker, Slurm, SlurmError, find_scontrol

@@ -18,7 +18,7 @@ import time
 from dataclasses import dataclass
 
 from .. import defaults
-from ..attribution.procs import cgroup_v2_path
+from ..host.procs import cgroup_v2_path
 from ..host import rdma as kernel_view
 from ..host.mounts import MountTable
 from ..instance import instance_name

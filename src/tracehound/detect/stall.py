@@ -41,7 +41,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from ..attribution.workload import WORKLOAD_LABELS
 from ..host.cgroup_state import cpu_usec, process_states
 from . import log_event, now_iso
-from .progress import ProgressBoard
+from .progress_board import ProgressBoard
 
 KINDS = ("job_stalled", "job_resumed")
 GPU_SOURCE = "gpu"

@@ -11,7 +11,7 @@ import re
 import statistics
 import time
 
-from ..fleet import prometheus
+from ..clients import prometheus
 from .answer import (JOB_ID, PRESENCE, Answer, ExplainError, Finding, judged, rank, seconds,
                      valid_window)
 from . import timeline

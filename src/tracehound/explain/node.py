@@ -23,7 +23,7 @@ import os
 import time
 
 from ..exporter import text_parse
-from ..fleet.agent_client import open_agent
+from ..clients.agent_client import open_agent
 from ..conditions import BY_GAUGE as CONDITION_GAUGES
 from .answer import (JOB_ID, PRESENCE, Answer, ExplainError, Finding, judged, rank, seconds,
                      valid_window, xid_verdict)

@@ -21,7 +21,7 @@ from typing import Iterable, Iterator, Optional
 from prometheus_client.core import GaugeMetricFamily, Metric
 
 from ..host.memory import release_free_memory
-from . import exposition
+from . import exposition, rows
 from .bodies import SharedBody
 from .messages import Request, Response
 from .negotiation import acceptable_media, gzip_accepted
@@ -181,7 +181,7 @@ def restrict(families: Iterable[Metric], names: set[str]):
         samples = [s for s in every if s.name in names]
         if not samples:
             continue
-        if len(samples) == len(every) and not isinstance(fam, exposition.Rows):
+        if len(samples) == len(every) and not isinstance(fam, rows.Rows):
             yield fam
             continue
         out = Metric(fam.name, fam.documentation, fam.type, fam.unit)

@@ -22,7 +22,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from ..attribution.procs import read_text
+from ..host.procs import read_text
 from ..host.topology import Topology
 
 _UVERBS = re.compile(r"^/dev/infiniband/(uverbs\d+)$")

@@ -21,7 +21,7 @@ import urllib.error
 import urllib.parse
 from dataclasses import dataclass, field
 
-from ..fleet.agent_client import open_agent
+from ..clients.agent_client import open_agent
 from .rules import WANTED_NAMES, Finding, Memory, Rules, findings
 from .slurm import Breaker, Slurm, drain_reason
 

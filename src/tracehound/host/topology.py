@@ -10,7 +10,7 @@ import os
 import re
 from dataclasses import dataclass
 
-from ..attribution.procs import cgroup_v2_path, read_text
+from .procs import cgroup_v2_path, read_text
 
 _NODE_DIR = re.compile(r"node(\d+)$")
 

@@ -12,6 +12,7 @@ import struct
 
 from ..bpf import features
 from ..bpf.layout import EnumLayout, Layout
+from ..bpf.lifecycle import OptionalProbe, open_loaded
 from ..bpf.loader import BpfObject, Map
 from ..errors import TracehoundError
 from . import object_path
@@ -53,7 +54,7 @@ def decode_path(raw: bytes) -> str | None:
     return os.fsdecode(path)
 
 
-class CgroupNamesProbe:
+class CgroupNamesProbe(OptionalProbe):
     """start() never raises for a refusing kernel: `available` is then
     False and `reason` says why."""
 
@@ -62,35 +63,18 @@ class CgroupNamesProbe:
     def __init__(self, cgroup_key: str = "v2"):
         self.cgroup_key = cgroup_key
         self.obj: BpfObject | None = None
-        self.reason: str | None = None
         self._names: Map | None = None
 
-    @property
-    def available(self) -> bool:
-        return self.obj is not None
-
-    def start(self) -> "CgroupNamesProbe":
-        try:
-            if not features.ensure_tracefs():
-                raise TracehoundError("tracefs is not mounted and could not be mounted")
-            if not os.path.isdir(os.path.join(features.TRACEFS, "events", "cgroup",
-                                              "cgroup_mkdir")):
-                raise TracehoundError("no cgroup/cgroup_mkdir trace event")
-            obj = BpfObject(object_path(OBJECT))
-            try:
-                obj.map(RODATA).set_initial_value(
-                    struct.pack("=i", hierarchy_id(self.cgroup_key)))
-                obj.load()
-                obj.attach_all()
-                self._names = obj.map("cgroup_names")
-            except BaseException:
-                obj.close()
-                raise
-            self.obj = obj
-        except (TracehoundError, OSError) as exc:
-            self.close()
-            self.reason = str(exc).splitlines()[0]
-        return self
+    def _start(self) -> None:
+        if not features.ensure_tracefs():
+            raise TracehoundError("tracefs is not mounted and could not be mounted")
+        if not os.path.isdir(os.path.join(features.TRACEFS, "events", "cgroup", "cgroup_mkdir")):
+            raise TracehoundError("no cgroup/cgroup_mkdir trace event")
+        hierarchy = struct.pack("=i", hierarchy_id(self.cgroup_key))
+        self.obj, maps = open_loaded(
+            object_path(OBJECT), maps=("cgroup_names",),
+            prepare=lambda obj: obj.map(RODATA).set_initial_value(hierarchy))
+        self._names = maps["cgroup_names"]
 
     def lookup(self, cgroup_id: int) -> str | None:
         """The path the kernel gave the cgroup at mkdir, if it was made

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from ..bpf import features
 from ..bpf.layout import EnumLayout, Layout
+from ..bpf.lifecycle import OptionalProbe, open_loaded
 from ..bpf.loader import BpfObject, Map
 from ..errors import TracehoundError
 from .cgroup_key import set_cgroup_key
@@ -148,7 +149,7 @@ class ExitsProbeConfig:
     cgroup_key: str = "v2"       # the hierarchy counted by (cgroup_key.py)
 
 
-class ExitsProbe:
+class ExitsProbe(OptionalProbe):
     """The exit probe; start() never raises for a refusing kernel:
     `available` is then False and `reason` says why."""
 
@@ -158,40 +159,20 @@ class ExitsProbe:
         self.config = config or ExitsProbeConfig()
         self.obj: BpfObject | None = None
         self.plans: list[features.GroupPlan] = []
-        self.reason: str | None = None
         self._maps: dict[str, Map] | None = None
 
-    @property
-    def available(self) -> bool:
-        return self.obj is not None
-
-    def start(self) -> "ExitsProbe":
-        try:
-            if self.config.mode not in ("auto", *MODES):
-                raise TracehoundError(f"exit probe mode {self.config.mode} does not exist "
-                                      f"(use auto, {' or '.join(MODES)})")
-            self.plans = features.load_with_fallback("exits", exit_groups(), self.config.mode,
-                                                     self._load_and_attach, every_group=True)
-        except (TracehoundError, OSError) as exc:
-            self.close()
-            self.reason = str(exc).splitlines()[0]
-        return self
+    def _start(self) -> None:
+        if self.config.mode not in ("auto", *MODES):
+            raise TracehoundError(f"exit probe mode {self.config.mode} does not exist "
+                                  f"(use auto, {' or '.join(MODES)})")
+        self.plans = features.load_with_fallback("exits", exit_groups(), self.config.mode,
+                                                 self._load_and_attach, every_group=True)
 
     def _load_and_attach(self, plans: list[features.GroupPlan]) -> None:
         self.close()
-        wanted = {name for p in plans if p.mode for name in p.group.programs(p.mode)}
-        obj = BpfObject(object_path(OBJECT))
-        try:
-            for name, prog in obj.programs.items():
-                prog.autoload = name in wanted
-            set_cgroup_key(obj, self.config.cgroup_key)
-            obj.load()
-            obj.attach_all()
-            maps = {name: obj.map(name) for name in MAPS}
-        except BaseException:
-            obj.close()
-            raise
-        self.obj, self._maps = obj, maps
+        self.obj, self._maps = open_loaded(
+            object_path(OBJECT), programs=features.wanted_programs(plans), maps=MAPS,
+            prepare=lambda obj: set_cgroup_key(obj, self.config.cgroup_key))
 
     def close(self) -> None:
         self._maps = None

@@ -2,9 +2,8 @@
 that picks a hook mode per group, loads, attaches, keeps the configuration
 maps (skip list, mount prefixes) current and reads the counters back.
 
-Nothing outside this module knows io.bpf.o's map names or byte layouts: the
-collector gets decoded (IoKey, values) pairs. Layouts follow io.h; a test
-checks them against the BTF of the built object.
+Nothing outside this module knows io.bpf.o's map names: the collector gets
+decoded (IoKey, values) pairs. The byte layouts (io.h's) are io_maps.py's.
 """
 from __future__ import annotations
 
@@ -15,66 +14,20 @@ import select
 import struct
 import threading
 from dataclasses import dataclass
-from typing import Iterator, NamedTuple
+from typing import Iterator
 
 from .. import defaults
 from ..bpf import features
 from ..bpf.features import HookGroup, HookMode
-from ..bpf.layout import EnumLayout, Layout
+from ..bpf.lifecycle import open_loaded
 from ..bpf.loader import BpfObject, Map
 from ..host.mounts import DEFAULT_SKIP_FSTYPES, MountTable
 from . import object_path
 from .cgroup_key import set_cgroup_key
+from .io_maps import (CACHE_FILL, COUNTERS_AT, FSTYPE_LEN, HEALTH, HISTS, KEY, OPS, PATH_LEN,
+                     SAMPLER, SETTINGS, SLOT, U64, IoKey, decode_values, op_mask, timed_mask)
 
 log = logging.getLogger(__name__)
-
-# enum io_op and enum io_hist in io.h
-OPS = ("read", "write", "open", "create", "unlink", "mkdir", "rmdir", "rename", "fsync")
-# the ops whose ENOENT is counted apart from their errors (io.bpf.c account_in)
-LOOKUP_OPS = OPS[OPS.index("open"):OPS.index("rename") + 1]
-HISTS = ("read", "write", "fsync")
-HIST_SLOTS = 32
-KEY_DEV = 1                          # IO_KEY_DEV: mnt holds a device number
-# settings.tp_ops bits of the groups counted at syscall exit (io.h TP_*)
-TP_BITS = {"copy": 1 << 16, "aio": 1 << 17}
-HEALTH = ("io_stats", "io_start")    # enum io_health: which map was full
-FSTYPE_LEN = 16
-PATH_LEN = 256
-
-# io.h as Python sees it; tests/unit/test_layouts.py checks these against
-# the BTF of the built io.bpf.o
-OBJECT = "io"
-IO_KEY = Layout("io_key", [("cgroup_id", "Q"), ("mnt", "I"), ("flags", "I")])
-IO_STATS = Layout("io_stats", [
-    ("owner", f"{IO_KEY.size}s"),
-    ("bytes", "Q", 2), ("calls", "Q", len(OPS)), ("errors", "Q", len(OPS)),
-    ("not_found", "Q", len(OPS)),
-    ("lat_sum_ns", "Q", len(HISTS)), ("hist", "Q", len(HISTS) * HIST_SLOTS),
-    ("cache_fill", "Q")])
-# after the owner key every field of struct io_stats is a __u64: Python reads
-# the counters as one flat array
-COUNTERS_AT = IO_KEY.size
-N_FIELDS = (IO_STATS.size - COUNTERS_AT) // 8
-CACHE_FILL = N_FIELDS - 1            # index of cache_fill among the counters
-LAYOUTS = (
-    IO_KEY, IO_STATS,
-    Layout("io_settings", [("agent_mnt_ns", "I"), ("tp_ops", "I"), ("timed_ops", "I"),
-                           ("slots", "I"), ("sample_gap_ns", "I")]),
-    Layout("io_sampler", [("last_ts", "Q"), ("timed", "Q"), ("tick", "Q"), ("task", "Q"),
-                          ("since", "I"), ("interval", "I")]),
-    Layout("fstype_name", [("name", f"{FSTYPE_LEN}s")]),
-    Layout("mnt_lpm_key", [("prefixlen", "I"), ("path", f"{PATH_LEN}s")]),
-    Layout("mnt_lpm_value", [("mnt_id", "I"), ("skip", "I")]),
-    EnumLayout("io_op", OPS, "OP_", stop="OP_MAX"),
-    EnumLayout("io_hist", HISTS, "HIST_", stop="HIST_MAX"),
-    EnumLayout("io_health", tuple(m.removeprefix("io_") + "_full" for m in HEALTH),
-               "HEALTH_", stop="HEALTH_MAX"),
-)
-KEY = IO_KEY.struct
-SETTINGS = LAYOUTS[2].struct
-SAMPLER = LAYOUTS[3]
-SLOT = struct.Struct("=I")
-U64 = struct.Struct("=Q")
 
 # Syscall mode: two raw tracepoints serve every group; settings.tp_ops tells
 # them which operations are theirs to count.
@@ -97,12 +50,6 @@ MOUNTS_SEEN_SLOTS = 4096
 # older kernels get the build that reads them through helper calls
 COMPAT_OBJECT = "io_compat"
 DIRECT_READS_KFUNC = "bpf_rdonly_cast"
-
-
-class IoKey(NamedTuple):
-    cgroup_id: int
-    mnt: int        # a mount id, or a device number when flags & KEY_DEV
-    flags: int
 
 
 def _group(name: str, functions: tuple[str, ...], syscalls: tuple[str, ...],
@@ -184,32 +131,6 @@ GROUPS = (
     _syscall_group("copy", ("copy_file_range", "sendfile64", "splice")),
     _trace_event_group("pagecache", "mm_filemap_add_to_page_cache", "tb_filemap_add"),
 )
-# the operations each group counts (its bits in settings.tp_ops)
-GROUP_OPS = {"read": ("read",), "write": ("write",), "fsync": ("fsync",),
-             "open": ("open", "create"), "remove": ("unlink", "rmdir"),
-             "mkdir": ("mkdir",), "rename": ("rename",)}
-
-
-def op_mask(group: str) -> int:
-    """The group's bits in settings.tp_ops (used in tracepoint mode)."""
-    if group in TP_BITS:
-        return TP_BITS[group]
-    return sum(1 << OPS.index(op) for op in GROUP_OPS.get(group, ()))
-
-
-def decode_values(raw: bytes) -> array.array:
-    """The counters of a struct io_stats as one flat array of u64, in the
-    kernel's order."""
-    a = array.array("Q")
-    a.frombytes(raw[COUNTERS_AT:COUNTERS_AT + N_FIELDS * 8])
-    return a
-
-
-def timed_mask(latency: frozenset[str]) -> int:
-    """settings.timed_ops: a bit per operation whose latency is measured."""
-    return sum(1 << OPS.index(op) for op in latency)
-
-
 def uring_clock() -> tuple[str, ...]:
     """The program that starts io_uring requests' clocks on this kernel (none
     where neither submit event exists: the requests are counted untimed)."""
@@ -262,42 +183,48 @@ class IoProbe:
     def _load_and_attach(self, plans: list[features.GroupPlan]) -> None:
         self.close()
         self.plans = plans
-        obj = BpfObject(object_path(object_name()))
-        try:
-            wanted = set()
-            for p in self.plans:
-                wanted.update(p.group.programs(p.mode))
-            latency = self.config.latency
-            wanted -= {n for n, ops in CLOCK_PROGRAMS.items() if not latency.intersection(ops)}
-            if wanted & set(CLOCK_PROGRAMS):
-                wanted.add(CLOCK_MOVER)
-            # the uring group lists every submit program; keep the one this
-            # kernel has, and none when nothing is timed
-            wanted -= {prog for prog, _tp in URING_CLOCKS} - set(uring_clock() if latency else ())
-            for name, prog in obj.programs.items():
-                prog.autoload = name in wanted
+        latency = self.config.latency
+        wanted = features.wanted_programs(plans)
+        wanted -= {n for n, ops in CLOCK_PROGRAMS.items() if not latency.intersection(ops)}
+        if wanted & set(CLOCK_PROGRAMS):
+            wanted.add(CLOCK_MOVER)
+        # the uring group lists every submit program; keep the one this
+        # kernel has, and none when nothing is timed
+        wanted -= {prog for prog, _tp in URING_CLOCKS} - set(uring_clock() if latency else ())
+
+        def prepare(obj: BpfObject) -> None:
             for name in ("io_stats", "io_slots", "free_slots"):
                 obj.map(name).set_max_entries(self.config.max_entries)
-            tp_ops = sum(op_mask(p.group.name) for p in self.plans if p.mode == "tracepoint")
+            tp_ops = sum(op_mask(p.group.name) for p in plans if p.mode == "tracepoint")
             obj.map(SETTINGS_MAP).set_initial_value(SETTINGS.pack(
                 self.mounts.mount_namespace_inode(), tp_ops, timed_mask(latency),
                 self.config.max_entries, self.config.sample_gap_ns))
             set_cgroup_key(obj, self.config.cgroup_key)
-            obj.load()
-            self.obj = obj
-            # held for the probe's life: a Map remembers whether batch lookups work
-            self._maps = {name: obj.map(name) for name in
-                          ("io_stats", "io_slots", "free_slots", "io_health", "io_samplers",
-                           "skip_fstypes", "mounts_by_path", MOUNTS_SEEN_MAP)}
-            self._counters = self._maps["io_stats"].memory()
+
+        def ready(obj: BpfObject, maps: dict[str, Map]) -> None:
+            # the skip list and mount prefixes are in place before any
+            # program sees its first call
+            self.obj, self._maps = obj, maps
+            self._counters = maps["io_stats"].memory()
             self._configure()
-            obj.attach_all()
-            self._start_watcher()
+        try:
+            open_loaded(object_path(object_name()), programs=wanted, prepare=prepare,
+                        ready=ready, maps=("io_stats", "io_slots", "free_slots", "io_health",
+                                           "io_samplers", "skip_fstypes", "mounts_by_path",
+                                           MOUNTS_SEEN_MAP))
         except BaseException:
-            obj.close()
-            self.obj = None
-            self._maps = {}
+            self._forget_object()
             raise
+        self._start_watcher()
+
+    def _forget_object(self) -> None:
+        """Drop what refers to the object (closed by its owner or by
+        open_loaded's failure path)."""
+        self._maps = {}
+        if self._counters is not None:
+            self._counters.close()
+            self._counters = None
+        self.obj = None
 
     def close(self) -> None:
         self._stop.set()
@@ -305,13 +232,10 @@ class IoProbe:
             self._watcher.join(timeout=2)
             self._watcher = None
         with self._lock:
-            self._maps = {}
-            if self._counters is not None:
-                self._counters.close()
-                self._counters = None
-            if self.obj is not None:
-                self.obj.close()
-                self.obj = None
+            obj = self.obj
+            self._forget_object()
+            if obj is not None:
+                obj.close()
         self._stop.clear()
 
     def _start_watcher(self) -> None:

@@ -18,8 +18,8 @@ from .. import defaults
 from ..bpf import features
 from ..bpf.features import btf_tracepoint_check as tracepoint_check
 from ..bpf.layout import EnumLayout, Layout
+from ..bpf.lifecycle import OptionalProbe, open_loaded
 from ..bpf.loader import BpfObject, Map
-from ..errors import TracehoundError
 from . import object_path
 
 log = logging.getLogger(__name__)
@@ -64,7 +64,7 @@ class NetProbeConfig:
     max_cgroups: int = defaults.NET_MAX_CGROUPS    # capacity of the per-cgroup table
 
 
-class NetProbe:
+class NetProbe(OptionalProbe):
     """The net probe; start() never raises for a refusing kernel: `available`
     is then False and `reason` says why."""
 
@@ -74,41 +74,22 @@ class NetProbe:
         self.config = config or NetProbeConfig()
         self.obj: BpfObject | None = None
         self.plans: list[features.GroupPlan] = []
-        self.reason: str | None = None
         self._maps: dict[str, Map] = {}
         self._lock = threading.Lock()      # scrapes read while the agent may close
 
-    @property
-    def available(self) -> bool:
-        return self.obj is not None
-
     # -- lifecycle --------------------------------------------------------
-    def start(self) -> NetProbe:
-        self.reason = None
-        try:
-            # tracepoints only: every --hook-mode uses the same hooks here
-            self.plans = features.load_with_fallback("net", net_groups(), "auto",
-                                                     self._load_and_attach, every_group=False)
-        except (TracehoundError, OSError) as exc:
-            self.close()
-            self.plans = []
-            self.reason = str(exc).splitlines()[0]
-        return self
+    def _start(self) -> None:
+        self.plans = []
+        # tracepoints only: every --hook-mode uses the same hooks here
+        self.plans = features.load_with_fallback("net", net_groups(), "auto",
+                                                 self._load_and_attach, every_group=False)
 
     def _load_and_attach(self, plans: list[features.GroupPlan]) -> None:
         self.close()
-        obj = BpfObject(object_path(OBJECT))
-        try:
-            wanted = {name for p in plans if p.mode for name in p.group.programs(p.mode)}
-            for name, prog in obj.programs.items():
-                prog.autoload = name in wanted
-            obj.map("net_counters").set_max_entries(self.config.max_cgroups)
-            obj.load()
-            obj.attach_all()
-            maps = {name: obj.map(name) for name in ("net_counters", "net_health")}
-        except BaseException:
-            obj.close()
-            raise
+        obj, maps = open_loaded(
+            object_path(OBJECT), programs=features.wanted_programs(plans),
+            maps=("net_counters", "net_health"),
+            prepare=lambda obj: obj.map("net_counters").set_max_entries(self.config.max_cgroups))
         with self._lock:
             self.obj, self._maps = obj, maps
 
@@ -118,12 +99,6 @@ class NetProbe:
             if self.obj is not None:
                 self.obj.close()
                 self.obj = None
-
-    def __enter__(self) -> NetProbe:
-        return self.start()
-
-    def __exit__(self, *exc) -> None:
-        self.close()
 
     # -- reading ------------------------------------------------------------
     def counters(self) -> dict[int, dict[str, int]]:

@@ -13,8 +13,9 @@ import logging
 import os
 from dataclasses import dataclass
 
-from ..attribution.procs import proc_cgroups
+from ..host.procs import proc_cgroups
 from ..bpf import features, libbpf
+from ..bpf.lifecycle import OptionalProbe, open_loaded
 from ..bpf.loader import BpfObject, Map
 from .. import defaults, instance
 from ..errors import ProbeError, TracehoundError
@@ -118,7 +119,7 @@ class RdmaProbeConfig:
     instance: str = defaults.INSTANCE  # whose pin directory
 
 
-class RdmaProbe:
+class RdmaProbe(OptionalProbe):
     """The RDMA probe; start() never raises for a missing or refusing kernel:
     `available` is then False and `reason` says why."""
 
@@ -128,25 +129,12 @@ class RdmaProbe:
         self.config = config or RdmaProbeConfig()
         self.obj: BpfObject | None = None
         self.plans: list[features.GroupPlan] = []
-        self.reason: str | None = None
         self._maps: dict[str, Map] | None = None
         self._pinned = False
         self.app = rdma_app.Attachments()      # the application's view: libibverbs files
         self.app_reason: str | None = None     # why there is no application view
 
-    @property
-    def available(self) -> bool:
-        return self.obj is not None
-
     # -- lifecycle --------------------------------------------------------
-    def start(self) -> RdmaProbe:
-        try:
-            self._start()
-        except (TracehoundError, OSError) as exc:
-            self.close()
-            self.reason = str(exc).splitlines()[0]
-        return self
-
     def _start(self) -> None:
         absent = subsystem_absent()
         if absent:
@@ -174,26 +162,14 @@ class RdmaProbe:
 
     def _load_and_attach_once(self, plans: list[features.GroupPlan], app: bool) -> None:
         self.close()
-        active = [p for p in plans if p.mode]
-        obj = BpfObject(object_path("rdma"))
-        try:
-            wanted = {name for p in active for name in p.group.programs(p.mode)}
-            if app:
-                wanted |= APP_PROGRAMS
-            for name, prog in obj.programs.items():
-                prog.autoload = name in wanted
+
+        def prepare(obj: BpfObject) -> None:
             obj.map("rdma_objects").set_max_entries(self.config.max_objects)
             obj.map("app_objects").set_max_entries(self.config.max_objects)
             set_cgroup_key(obj, self.config.cgroup_key)
-            obj.load()
-            obj.attach_all()
-            # held for the probe's life: a Map remembers whether batch lookups work
-            maps = {name: obj.map(name) for name in MAPS}
-        except BaseException:
-            obj.close()
-            raise
-        self.obj = obj
-        self._maps = maps
+        programs = features.wanted_programs(plans) | (APP_PROGRAMS if app else set())
+        self.obj, self._maps = open_loaded(object_path("rdma"), programs=programs,
+                                           prepare=prepare, maps=MAPS)
 
     def close(self) -> None:
         if self._pinned:

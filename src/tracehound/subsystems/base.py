@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from ..attribution.cgroup_layout import CgroupLayout
 from ..attribution.owners import Owners
 from ..config import AgentConfig
-from ..detect.progress import ProgressBoard
+from ..detect.progress_board import ProgressBoard
 from ..host.mounts import MountTable
 
 

@@ -9,7 +9,7 @@ from dataclasses import asdict
 
 from ..errors import TracehoundError
 from .model import SORT_KEYS
-from ..fleet.agent_client import URL_VARIABLE, metrics_url
+from ..clients.agent_client import URL_VARIABLE, metrics_url
 from .source import DEFAULT_URL, MetricsSource, PrometheusSource
 from .state import ViewState
 

@@ -14,9 +14,10 @@ import urllib.request
 from typing import Optional
 
 from ..attribution.workload import WORKLOAD_LABELS
+from ..clients import prometheus
+from ..clients.agent_client import DEFAULT_METRICS_URL, open_agent
 from ..errors import TracehoundError
-from ..fleet import prometheus
-from ..fleet.agent_client import DEFAULT_METRICS_URL, open_agent
+from ..probes.io_maps import OPS
 from .model import NAMING_LABELS, RATES, TOTALS, Snapshot, add_to_rows, io_row_for
 from .panels import gpu_rows, job_rows, rdma_error_rows, rdma_object_rows
 from .rates import Scrape, parse_metrics, snapshot
@@ -88,8 +89,8 @@ QUANTILES = (("latency_p50_seconds", 0.5, ("read", "write")),
              ("latency_p99_seconds", 0.99, ("read", "write")),
              ("read_latency_p99_seconds", 0.99, ("read",)),
              ("write_latency_p99_seconds", 0.99, ("write",)))
-# operations with an _errors_total counter, as the I/O collector exports them
-ERROR_OPS = ("read", "write", "open", "create", "unlink", "mkdir", "rmdir", "rename", "fsync")
+# operations with an _errors_total counter: the I/O collector exports one per op
+ERROR_OPS = OPS
 
 
 class PrometheusSource:

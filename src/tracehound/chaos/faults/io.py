@@ -7,7 +7,7 @@ import re
 import stat
 import time
 
-from ...attribution.procs import cgroup_v2_path, proc_cgroups, read_pids
+from ...host.procs import cgroup_v2_path, proc_cgroups, read_pids
 from . import Arg, Availability, Detection, Fault, FaultError, Prepared, cgroupctl, names
 from .targets import (cgroup2_root, cgroup_dir, cgroup_procs, common_job, job_pids, proc_of,
                       same_process)

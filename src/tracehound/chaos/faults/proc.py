@@ -8,7 +8,7 @@ import subprocess
 import tempfile
 import time
 
-from ...attribution.procs import cgroup_v2_path
+from ...host.procs import cgroup_v2_path
 from . import Arg, Availability, Detection, Fault, FaultError, Prepared, names, target_args
 from . import grown as grown_promql
 from .targets import (all_pids, cgroup_dir, check_target_args, enforce_blast_radius,

@@ -10,8 +10,8 @@ import json
 import os
 import resource
 
-from ...attribution.procs import cgroup_v2_path
-from ...fleet import prometheus
+from ...host.procs import cgroup_v2_path
+from ...clients import prometheus
 from . import (Arg, Availability, Detection, Fault, FaultError, Prepared, cgroupctl,
                interface_args, names, refuse_host_netns, target_args)
 from .targets import (cgroup2_root, cgroup_dir, check_target_args,

@@ -11,7 +11,7 @@ import subprocess
 from dataclasses import dataclass
 
 from ...attribution import slurm as slurm_paths
-from ...attribution.procs import proc_cgroups
+from ...host.procs import proc_cgroups
 from . import FaultError, names
 
 PF_KTHREAD = 0x00200000

@@ -17,7 +17,7 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 
-from ...fleet import prometheus
+from ...clients import prometheus
 from . import journal as fleet_journal
 from . import slurm
 from .plan import Plan

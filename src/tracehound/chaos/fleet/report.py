@@ -17,7 +17,7 @@ import os
 import re
 import time
 
-from ...fleet import prometheus
+from ...clients import prometheus
 from .. import faults as catalog
 from ..detection import compare, parse_predicate
 from .launcher import node_record_path

@@ -40,7 +40,7 @@ started=None) -> (samples, seconds)``
 
 Example::
 
-    from tracehound.fleet.prometheus import wait_for
+    from tracehound.clients.prometheus import wait_for
     t0 = time.monotonic()
     inject_fault()
     samples, seconds = wait_for(

@@ -1,0 +1,85 @@
+"""What every benchmark shares: its log line, running a command, and the
+stamp a report carries (commit, machine, date), so that no report can be
+read without knowing where and at what code it was measured.
+
+Benchmarks import this by name (bench/ is on sys.path when one runs).
+"""
+from __future__ import annotations
+
+import datetime as dt
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def log(msg: str, stream=None) -> None:
+    """One timestamped progress line (stdout unless told)."""
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=stream or sys.stdout, flush=True)
+
+
+def sh(cmd: list, **kw) -> str:
+    """A command's stdout; it must succeed."""
+    return subprocess.run([str(c) for c in cmd], check=True, capture_output=True, text=True,
+                          **kw).stdout
+
+
+def cpu_model() -> str:
+    """The CPU's model name ("" where /proc/cpuinfo names none)."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((ln.split(":", 1)[1].strip() for ln in f
+                         if ln.startswith("model name")), "")
+    except OSError:
+        return ""
+
+
+def loadavg() -> list[str]:
+    """The 1, 5 and 15 minute load averages, as the kernel writes them."""
+    return Path("/proc/loadavg").read_text().split()[:3]
+
+
+def commit(tree: Path | str = REPO, paths: tuple[str, ...] = ()) -> str:
+    """TREE's commit, marked when it has uncommitted changes (in PATHS only,
+    when given); "unknown (...)" for a tree that is no git checkout."""
+    try:
+        sha = sh(["git", "-C", tree, "rev-parse", "--short=12", "HEAD"]).strip()
+        # no optional locks: reading the tree's state must not rewrite its index
+        dirty = sh(["git", "--no-optional-locks", "-C", tree, "status", "--porcelain",
+                    "--untracked-files=no", "--", *paths]).strip()
+    except (OSError, subprocess.CalledProcessError):
+        return f"unknown ({tree} is no git checkout)"
+    return sha + (" (with uncommitted changes)" if dirty else "")
+
+
+def machine() -> str:
+    """One line: CPUs, their model and the kernel."""
+    model = cpu_model()
+    return f"{os.cpu_count()} CPUs" + (f", {model}" if model else "") \
+        + f", kernel {os.uname().release}"
+
+
+def stamp() -> dict:
+    """The header every report carries."""
+    return {"date": dt.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "commit": commit(), "machine": machine(), "cpu": cpu_model() or "?",
+            "nproc": os.cpu_count(), "kernel": os.uname().release,
+            "loadavg_start": loadavg()}
+
+
+def paired_ratio(d: dict) -> tuple[float, float, float]:
+    """Median rates without and with (d["bare"], d["probed"], one number a
+    round), and the median of the rounds' paired ratios: each probed round
+    against the bare round just before it, so a load that drifts cancels."""
+    b, w = statistics.median(d["bare"]), statistics.median(d["probed"])
+    return b, w, statistics.median(p / q for q, p in zip(d["bare"], d["probed"]))
+
+
+def paired_spread(d: dict) -> tuple[float, float]:
+    """The paired ratios' lower and upper quartiles: the rounds' own noise."""
+    q = statistics.quantiles([p / q for q, p in zip(d["bare"], d["probed"])], n=4)
+    return q[0], q[2]

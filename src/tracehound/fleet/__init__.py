@@ -1,1 +1,0 @@
-"""Working with the engines a fleet runs next to the agents (Prometheus)."""
