@@ -8,8 +8,11 @@ The encoder is split so the caller can cache: `labels()` is computed once
 per label set, the value functions (`counter()`, `native_histogram()`, ...)
 once per series and scrape, `metric()` glues the two and `family()` frames
 the result. No google.protobuf at run time: the messages are small and
-fixed, and building them as bytes takes about half the time of filling
-generated (upb) classes.
+fixed, and building them as bytes is about 4x faster than filling
+google.protobuf's upb classes with the same messages, even with the label
+messages built once and copied in (bench/protobuf_encoding.py: 17 ms against
+70-83 ms for one scrape of 2,000 label sets x 11 families, 3.7 MB, on a 2-CPU
+EPYC VM; report/protobuf-encoding.md).
 
 Field numbers follow client_model's metrics.proto. A series' values are
 written even when zero, so value fields have a constant size. Deltas are
