@@ -7,7 +7,6 @@ from array import array
 from itertools import accumulate
 
 import pytest
-from google.protobuf import descriptor_pb2, descriptor_pool, message_factory
 from prometheus_client import CollectorRegistry, Counter, Histogram
 from prometheus_client.core import (
     CounterMetricFamily, GaugeHistogramMetricFamily, GaugeMetricFamily, HistogramMetricFamily,
@@ -16,62 +15,9 @@ from prometheus_client.samples import Timestamp
 
 from tracehound.exporter import protobuf
 
-# client_model's metrics.proto (proto2). "*" marks a repeated field; a
-# capitalised type is a message of this file, except the MetricType enum.
-_SCHEMA = {
-    "LabelPair": [("name", 1, "string"), ("value", 2, "string")],
-    "Gauge": [("value", 1, "double")],
-    "Counter": [("value", 1, "double")],
-    "Untyped": [("value", 1, "double")],
-    "Quantile": [("quantile", 1, "double"), ("value", 2, "double")],
-    "Summary": [("sample_count", 1, "uint64"), ("sample_sum", 2, "double"),
-                ("quantile", 3, "*Quantile")],
-    "Bucket": [("cumulative_count", 1, "uint64"), ("upper_bound", 2, "double")],
-    "BucketSpan": [("offset", 1, "sint32"), ("length", 2, "uint32")],
-    "Histogram": [
-        ("sample_count", 1, "uint64"), ("sample_count_float", 4, "double"),
-        ("sample_sum", 2, "double"), ("bucket", 3, "*Bucket"), ("schema", 5, "sint32"),
-        ("zero_threshold", 6, "double"), ("zero_count", 7, "uint64"),
-        ("zero_count_float", 8, "double"), ("negative_span", 9, "*BucketSpan"),
-        ("negative_delta", 10, "*sint64"), ("negative_count", 11, "*double"),
-        ("positive_span", 12, "*BucketSpan"), ("positive_delta", 13, "*sint64"),
-        ("positive_count", 14, "*double")],
-    "Metric": [("label", 1, "*LabelPair"), ("gauge", 2, "Gauge"), ("counter", 3, "Counter"),
-               ("summary", 4, "Summary"), ("untyped", 5, "Untyped"),
-               ("histogram", 7, "Histogram"), ("timestamp_ms", 6, "int64")],
-    "MetricFamily": [("name", 1, "string"), ("help", 2, "string"), ("type", 3, "MetricType"),
-                     ("metric", 4, "*Metric")],
-}
-_TYPES = ["COUNTER", "GAUGE", "SUMMARY", "UNTYPED", "HISTOGRAM", "GAUGE_HISTOGRAM"]
+from tests.metrics_proto import message_classes
 
-
-def _message_classes():
-    F = descriptor_pb2.FieldDescriptorProto
-    proto = descriptor_pb2.FileDescriptorProto(
-        name="tracehound_test/metrics.proto", package="io.prometheus.client", syntax="proto2")
-    enum = proto.enum_type.add(name="MetricType")
-    for number, name in enumerate(_TYPES):
-        enum.value.add(name=name, number=number)
-    for message, fields in _SCHEMA.items():
-        msg = proto.message_type.add(name=message)
-        for name, number, kind in fields:
-            repeated = kind.startswith("*")
-            kind = kind.lstrip("*")
-            field = msg.field.add(name=name, number=number,
-                                  label=F.LABEL_REPEATED if repeated else F.LABEL_OPTIONAL)
-            if kind == "MetricType":
-                field.type, field.type_name = F.TYPE_ENUM, ".io.prometheus.client.MetricType"
-            elif kind[0].isupper():
-                field.type, field.type_name = F.TYPE_MESSAGE, ".io.prometheus.client." + kind
-            else:
-                field.type = getattr(F, "TYPE_" + kind.upper())
-    pool = descriptor_pool.DescriptorPool()
-    pool.Add(proto)
-    return {name: message_factory.GetMessageClass(
-        pool.FindMessageTypeByName("io.prometheus.client." + name)) for name in _SCHEMA}
-
-
-MetricFamily = _message_classes()["MetricFamily"]
+MetricFamily = message_classes()["MetricFamily"]
 
 
 def read_varint(data: bytes, pos: int = 0) -> tuple[int, int]:
