@@ -1,12 +1,10 @@
-"""Kubernetes manifests, the systemd unit and the image recipe under deploy/:
-the fields the API server and kubelet require, and consistency between them
-and with the agent's command line."""
+"""Kubernetes manifests under deploy/: the fields the API server and kubelet
+require, and consistency between them and with the agent's command line
+(the systemd unit and the image recipe: test_deploy_host.py)."""
 import argparse
 import glob
 import os
 import re
-import subprocess
-import sys
 
 import kubernetes_validate
 import pytest
@@ -18,7 +16,6 @@ from tracehound.exporter.server import parse_listen
 
 DEPLOY = os.path.join(ROOT, "deploy")
 K8S = os.path.join(DEPLOY, "kubernetes")
-UNIT = os.path.join(DEPLOY, "systemd", "tracehound.service")
 
 # Field names of the API objects used here (core/v1, apps/v1): a misspelt field
 # is dropped by a lenient API server, so catch it here.
@@ -38,14 +35,6 @@ HOST_PATH_TYPES = {"", "DirectoryOrCreate", "Directory", "FileOrCreate", "File",
 HOST_MOUNTS = {"/sys/fs/bpf": False, "/sys/kernel/tracing": False, "/sys/kernel/btf": True,
                "/sys/fs/cgroup": True, "/var/log/pods": True, "/var/log/containers": True,
                "/var/lib/tracehound": False}
-# systemd options that give the service its own mount namespace (other mount ids)
-MOUNT_NAMESPACE_OPTIONS = ("PrivateTmp", "PrivateDevices", "PrivateMounts", "ProtectSystem",
-                           "ProtectHome", "ProtectKernelTunables", "ProtectKernelModules",
-                           "ProtectKernelLogs", "ProtectControlGroups", "ProtectClock",
-                           "ProtectHostname", "ReadOnlyPaths", "InaccessiblePaths",
-                           "TemporaryFileSystem", "BindPaths", "RootDirectory")
-CAPABILITIES = {"CAP_BPF", "CAP_PERFMON", "CAP_SYS_ADMIN", "CAP_SYS_RESOURCE",
-                "CAP_DAC_READ_SEARCH", "CAP_SYSLOG"}
 
 
 def yaml_files():
@@ -334,69 +323,3 @@ def test_rbac_binds_the_daemonset_service_account_to_kubelet_pods_only(pod):
 def test_namespace_admits_privileged_pods():
     labels = one("Namespace")["metadata"]["labels"]
     assert labels["pod-security.kubernetes.io/enforce"] == "privileged"
-
-
-def unit_options():
-    options = {}
-    section = None
-    with open(UNIT) as f:
-        for line in f:
-            line = line.strip()
-            if not line or line.startswith("#"):
-                continue
-            if line.startswith("["):
-                section = line.strip("[]")
-                continue
-            key, _, value = line.partition("=")
-            options.setdefault((section, key), []).append(value)
-    return options
-
-
-def test_systemd_unit_runs_the_agent_with_bpf_capabilities_only():
-    options = unit_options()
-    (exec_start,) = options[("Service", "ExecStart")]
-    argv = exec_start.split()
-    assert argv[0].endswith("/tracehound") and argv[1] == "run"
-    _, run = run_parser()
-    flags = {opt for action in run._actions for opt in action.option_strings}
-    assert [a for a in argv[2:] if a.startswith("-") and a not in flags] == []
-    assert options[("Service", "Restart")] == ["on-failure"]
-    (caps,) = options[("Service", "CapabilityBoundingSet")]
-    assert set(caps.split()) == CAPABILITIES
-    for option in MOUNT_NAMESPACE_OPTIONS:
-        assert ("Service", option) not in options, f"{option} hides the host's mount ids"
-    assert options[("Install", "WantedBy")] == ["multi-user.target"]
-
-
-def test_systemd_unit_verifies(tmp_path):
-    # verify also checks that ExecStart exists: point it at this environment's agent
-    agent = os.path.join(os.path.dirname(sys.executable), "tracehound")
-    with open(UNIT) as f:
-        text = f.read().replace("/opt/tracehound/.venv/bin/tracehound", agent)
-    unit = tmp_path / "tracehound.service"
-    unit.write_text(text)
-    res = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True,
-                         text=True, timeout=60)
-    assert res.returncode == 0 and "tracehound.service" not in res.stderr, res.stderr
-
-
-def test_image_recipe_copies_existing_paths():
-    """Every COPY source is in the repository, or is the wheel its header's
-    `pip wheel ... -w dist .` writes (its name as this version's wheel has it)."""
-    import fnmatch
-    import sysconfig
-
-    import tracehound
-    platform = sysconfig.get_platform().replace("-", "_").replace(".", "_")
-    wheel = f"dist/tracehound-{tracehound.__version__}-py3-none-{platform}.whl"
-    with open(os.path.join(DEPLOY, "image", "Dockerfile")) as f:
-        text = f.read()
-    assert "pip wheel --no-build-isolation --no-deps -w dist ." in text
-    copies = [line.split() for line in text.splitlines() if line.startswith("COPY ")]
-    assert copies
-    for words in copies:
-        if any(w.startswith("--from") for w in words):
-            continue
-        for source in words[1:-1]:
-            assert (fnmatch.fnmatch(wheel, source) if source.startswith("dist/")
-                    else os.path.exists(os.path.join(ROOT, source))), source
