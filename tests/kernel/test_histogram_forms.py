@@ -7,7 +7,7 @@ import os
 import uuid
 
 from tests.kernel.conftest import mount_of, run_in_cgroup
-from tests.kernel.test_top import prometheus  # noqa: F401  (the fixture, in both forms)
+from tests.kernel.test_top_prometheus import prometheus  # noqa: F401  (the fixture, in both forms)
 from tests.unit.test_deploy_dashboard import load_dashboard
 from tracehound.explain.rules import RULES, fill
 from tracehound.clients.prometheus import query, wait_for
