@@ -30,13 +30,13 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import NamedTuple
 from urllib.parse import urlsplit
 
 from common import cpu_model, loadavg, sh
 from common import log as log_to
 from mapfill import Workload, remove_cgroup, unmount_under
-from scrape_report import CG_PARENT, text_facts, write_reports
+from scrape_client import TEXT, cpu_seconds, get, memory_kb, scrape_series, size_of
+from scrape_report import CG_PARENT, write_reports
 
 from tracehound.host.mounts import MountTable
 from tracehound.terminal_progress import steps
@@ -46,98 +46,9 @@ REPO = HERE.parent
 PYTHON = REPO / ".venv/bin/python"
 TRACEHOUND = REPO / ".venv/bin/tracehound"
 NODE_EXPORTER = "/usr/bin/prometheus-node-exporter"
-TEXT = "text/plain;version=0.0.4"
-PROTO = ("application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;"
-         "encoding=delimited;q=0.7,text/plain;version=0.0.4;q=0.3")
-TICK = os.sysconf("SC_CLK_TCK")
 # progress on stderr: stdout is left to what the run is asked to print
 log = functools.partial(log_to, stream=sys.stderr)
 
-
-def size_of(text: str) -> tuple[int, int]:
-    n, m = text.lower().split("x")
-    return int(n), int(m)
-
-
-# ---- the measured process ------------------------------------------------------
-
-def cpu_seconds(pid: int) -> float:
-    # fields after the command name, which may itself hold spaces or ')'
-    f = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(f[11]) + int(f[12])) / TICK
-
-
-def memory_kb(pid: int) -> dict:
-    st = Path(f"/proc/{pid}/status").read_text()
-    return {k: int(re.search(rf"^{k}:\s+(\d+) kB", st, re.M).group(1)) for k in ("VmRSS", "VmHWM")}
-
-
-class Reply(NamedTuple):
-    status: int
-    ctype: str
-    encoding: str
-    body: bytes
-    wall: float
-
-
-def get(url: str, headers: dict, timeout: float) -> Reply:
-    """One request on a fresh connection, timed from connect to the last byte."""
-    u = urlsplit(url)
-    t0 = time.perf_counter()
-    conn = http.client.HTTPConnection(u.hostname, u.port, timeout=timeout)
-    try:
-        conn.request("GET", u.path or "/", headers=headers)
-        r = conn.getresponse()
-        body = r.read()
-        return Reply(r.status, r.getheader("Content-Type", ""), r.getheader("Content-Encoding", ""),
-                     body, time.perf_counter() - t0)
-    finally:
-        conn.close()
-
-
-def scrape_series(url: str, pid: int, n: int, timeout: float) -> dict:
-    """Warm-up, n timed scrapes as Prometheus makes them (text, gzip; CPU
-    across them), one plain-text and one protobuf scrape, then memory. A
-    timeout ends the series: every further scrape of that agent would only
-    wait as long."""
-    out: dict = {"walls": [], "text_bytes": []}
-    step = "warm-up"
-    gzipped = {"Accept": TEXT, "Accept-Encoding": "gzip"}
-    try:
-        out["warmup_s"] = get(url, gzipped, timeout).wall
-        cpu0 = cpu_seconds(pid)
-        for i in range(n):
-            step = f"scrape {i + 1}"
-            r = get(url, gzipped, timeout)
-            if r.status != 200:
-                raise RuntimeError(f"/metrics answered {r.status}")
-            out["walls"].append(r.wall)
-        out["cpu_per_scrape_s"] = (cpu_seconds(pid) - cpu0) / n
-        out["gzip"] = {"bytes": len(r.body), "encoding": r.encoding or "identity", "wall_s": r.wall}
-        step = "plain text"
-        r = get(url, {"Accept": TEXT}, timeout)
-        out["text_bytes"].append(len(r.body))
-        out["plain_wall_s"] = r.wall
-        out["text_ctype"] = r.ctype
-        out.update(text_facts(r.body))
-        r = None
-        step = "protobuf"
-        r = get(url, {"Accept": PROTO}, timeout)
-        out["protobuf"] = {"bytes": len(r.body), "ctype": r.ctype, "wall_s": r.wall,
-                           "offered": r.ctype.startswith("application/vnd.google.protobuf")}
-        step = "protobuf, gzip"
-        r = get(url, {"Accept": PROTO, "Accept-Encoding": "gzip"}, timeout)
-        out["protobuf"]["gzip_bytes"] = len(r.body) if r.encoding == "gzip" else None
-    except (socket.timeout, TimeoutError):
-        out["error"] = f"{step} timed out after {timeout:g} s"
-    except (OSError, http.client.HTTPException, RuntimeError) as e:
-        out["error"] = f"{step}: {e}"
-    with contextlib.suppress(OSError):
-        out.update(memory_kb(pid))
-    return out
-
-
-# ---- processes and workloads -------------------------------------------------
 
 class Service:
     """A server under test; its output is drained so a full pipe never stalls it."""
