@@ -13,12 +13,49 @@ from pathlib import Path
 from typing import NamedTuple
 from urllib.parse import urlsplit
 
-from scrape_report import text_facts
+from scrape_report import CG_PARENT
+
 
 TEXT = "text/plain;version=0.0.4"
 PROTO = ("application/vnd.google.protobuf;proto=io.prometheus.client.MetricFamily;"
          "encoding=delimited;q=0.7,text/plain;version=0.0.4;q=0.3")
 TICK = os.sysconf("SC_CLK_TCK")
+
+
+# ---- reading one scrape ------------------------------------------------------
+
+def lines_starting(body: bytes, prefix: bytes) -> int:
+    return body.count(b"\n" + prefix) + body.startswith(prefix)
+
+
+def value_of(body: bytes, series: bytes) -> float | None:
+    i = body.find(b"\n" + series + b" ")
+    if i < 0:
+        return None
+    return float(body[i + len(series) + 2:body.find(b"\n", i + 1)].split()[0])
+
+
+def text_facts(body: bytes) -> dict:
+    """What one plain-text scrape holds, counted without parsing it whole (the
+    largest sizes answer with gigabytes)."""
+    lines = body.count(b"\n") + (bool(body) and not body.endswith(b"\n"))
+    mark, needle, bench, i = f'cgroup="/{CG_PARENT}/'.encode(), b"\ntracehound_io_read_bytes_total{", 0, 0
+    while (i := body.find(needle, i)) >= 0:
+        end = body.find(b"\n", i + 1)
+        bench += mark in body[i:end]
+        i = end
+    return {"samples": lines - lines_starting(body, b"#") - body.count(b"\n\n"),
+            "io_samples": lines_starting(body, b"tracehound_io_"),
+            # every exported label set has a read-bytes counter
+            "io_series": lines_starting(body, b"tracehound_io_read_bytes_total{"),
+            "bench_series": bench,
+            "series_tracked": value_of(body, b'tracehound_series_tracked{collector="io"}'),
+            "overflow_total": value_of(body, b'tracehound_series_overflow_total{collector="io"}'),
+            "map_entries": value_of(body, b'tracehound_map_entries{map="io_stats"}'),
+            "collector_s": value_of(body, b'tracehound_collector_duration_seconds{collector="io"}')}
+
+
+# ---- the report ---------------------------------------------------------------
 
 
 def size_of(text: str) -> tuple[int, int]:
