@@ -14,7 +14,8 @@ import yaml
 
 from tests import tls_files
 from tests.conftest import ROOT
-from tests.unit.test_deploy_manifests import expand_env, one, run_parser, unit_options
+from tests.unit.test_deploy_host import unit_options
+from tests.unit.test_deploy_manifests import expand_env, one, run_parser
 from tracehound.exporter.server import loopback, parse_listen
 from tracehound.exporter.webconfig import WebConfigError, load
 

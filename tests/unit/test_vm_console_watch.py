@@ -1,5 +1,5 @@
 """The VM tier's watch on the guest console: an oops ends a boot at once and
-the boot is made again, once (tests/vm/console_watch.py, harness.run_scenarios)."""
+the boot is made again, once (tests/vm/console_watch.py, scenarios.run_scenarios)."""
 import sys
 from pathlib import Path
 
@@ -7,6 +7,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "vm"))
 import harness  # noqa: E402
+import scenarios  # noqa: E402
 from console_watch import ConsoleWatch  # noqa: E402
 
 OOPS = b"[  136.956944] BUG: kernel NULL pointer dereference, address: 0000000000000000\n"
@@ -30,7 +31,7 @@ def test_a_missing_console_is_no_oops(tmp_path):
 
 
 def test_a_boot_that_oopsed_is_made_again_once_with_fresh_results(tmp_path, monkeypatch):
-    sc = harness.Scenario("smoke", "true", 60, None, "rdma")
+    sc = scenarios.Scenario("smoke", "true", 60, None, "rdma")
     (tmp_path / "smoke").mkdir()
     boots = []
 
@@ -42,18 +43,18 @@ def test_a_boot_that_oopsed_is_made_again_once_with_fresh_results(tmp_path, monk
         (tmp_path / "smoke" / "rc").write_text("0\n")
         return harness.VmResult(0, "", "", 30.0, 90.0, "6.1", "/sys/fs/cgroup")
     monkeypatch.setattr(harness, "run_in_vm", fake_run_in_vm)
-    out = harness.run_scenarios([sc], tmp_path)
+    out = scenarios.run_scenarios([sc], tmp_path)
     assert len(boots) == 2 and out["smoke"].returncode == 0
-    assert "oopsed after 136 s" in (tmp_path / harness.OOPS_NOTE).read_text()
+    assert "oopsed after 136 s" in (tmp_path / scenarios.OOPS_NOTE).read_text()
 
 
 def test_a_second_oops_fails_the_boot(tmp_path, monkeypatch):
-    sc = harness.Scenario("smoke", "true", 60, None, "rdma")
+    sc = scenarios.Scenario("smoke", "true", 60, None, "rdma")
     (tmp_path / "smoke").mkdir()
 
     def oopses(script, **kw):
         raise harness.VmGuestOops("the guest kernel oopsed after 99 s: Oops: 0010")
     monkeypatch.setattr(harness, "run_in_vm", oopses)
-    out = harness.run_scenarios([sc], tmp_path)
+    out = scenarios.run_scenarios([sc], tmp_path)
     with pytest.raises(harness.VmGuestOops, match="after 99 s"):
         raise out["smoke"]

@@ -28,7 +28,7 @@ import threading
 import time
 from pathlib import Path
 
-import rdma_guest_checks as rg
+import rdma_guest_kit as rg
 from chaos_guest_run import HOST_MPL_CACHE, MPL_DIR, ChaosRun, judge, lifted_after
 from explain_guest import JobWriter, explain_ranks_first, job_cgroup, remove_job_cgroup
 

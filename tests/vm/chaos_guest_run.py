@@ -12,7 +12,7 @@ import tempfile
 import time
 from pathlib import Path
 
-import rdma_guest_checks as rg
+import rdma_guest_kit as rg
 
 REPO = rg.HERE.parents[1]
 EXAMPLES = REPO / "examples"

@@ -1,7 +1,7 @@
 """Shared setup for tests that boot the Debian 6.1 kernel under virtme-ng.
 
 Each test module names the guest programs it reads as module-level
-``harness.Scenario`` objects. A run boots the VM once for every scenario its selected
+``scenarios.Scenario`` objects. A run boots the VM once for every scenario its selected
 tests need, instead of once per module: under TCG a boot and the first Python
 imports over 9p cost close to a minute each time."""
 
@@ -14,6 +14,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import harness  # noqa: E402
+import scenarios  # noqa: E402
 
 from tests import suite_report  # noqa: E402
 
@@ -30,7 +31,7 @@ def pytest_collection_modifyitems(config, items):
         if item.get_closest_marker("vm") is None:
             continue
         for scenario in vars(item.module).values():
-            if isinstance(scenario, harness.Scenario) and scenario not in wanted:
+            if isinstance(scenario, scenarios.Scenario) and scenario not in wanted:
                 wanted.append(scenario)
     # the capability checks first: a guest that lacks one fails early and plainly
     wanted.sort(key=lambda sc: sc.name not in ("smoke", "failing"))
@@ -52,11 +53,11 @@ def pytest_collection_modifyitems(config, items):
 class GuestBoot:
     """The one boot of this run: each scenario's result and results directory."""
 
-    def __init__(self, base: Path, scenarios: list):
+    def __init__(self, base: Path, wanted: list):
         self.base = base
         self.results = {}
         booted = []
-        for sc in scenarios:
+        for sc in wanted:
             (base / sc.name).mkdir()
             try:
                 if sc.prepare:
@@ -67,7 +68,7 @@ class GuestBoot:
                 continue
             booted.append(sc)
         if booted:
-            self.results.update(harness.run_scenarios(booted, base))
+            self.results.update(scenarios.run_scenarios(booted, base))
         self.lines = self._timings(booted)
 
     def _timings(self, booted) -> list:
@@ -75,7 +76,7 @@ class GuestBoot:
         whole = next((r for r in self.results.values() if isinstance(r, harness.VmResult)), None)
         parts = [f"VM, one boot: {whole.total_seconds:.0f} s in all, "
                  f"{whole.boot_seconds:.0f} s to boot" if whole else "VM: no scenario ran"]
-        oops = self.base / harness.OOPS_NOTE
+        oops = self.base / scenarios.OOPS_NOTE
         if oops.exists():
             parts.insert(0, "first boot ended: " + oops.read_text().splitlines()[0]
                          + " (booted again)")
@@ -99,7 +100,7 @@ class GuestBoot:
     def checks(self, scenario):
         """(VmResult, checks.json) of a scenario that writes checks."""
         result, results = self.get(scenario)
-        return harness.checks_of(result, results)
+        return scenarios.checks_of(result, results)
 
 
 @pytest.fixture(scope="session")

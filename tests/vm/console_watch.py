@@ -5,7 +5,7 @@ Why a boot can oops here: the VM runs under TCG (no KVM). With two vCPUs,
 an agent attaching fentry programs rewrote the entry of functions
 (vfs_read...) that the other vCPU was running: a 6.1 guest oopsed at a NULL
 instruction pointer in pread64 that way, once in many runs, then wedged a
-CPU for the rest of the run. The guest now has one vCPU (harness.GUEST_CPUS);
+CPU for the rest of the run. The guest now has one vCPU (scenarios.GUEST_CPUS);
 the watch stays for any other oops. The harness boots again once
 (run_scenarios) and says so; a second oops fails the tier.
 """

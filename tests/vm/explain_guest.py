@@ -11,7 +11,7 @@ import os
 import subprocess
 import time
 
-import rdma_guest_checks as rg
+import rdma_guest_kit as rg
 from chaos_guest_run import TRACEHOUND
 
 

@@ -21,10 +21,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from rdma_guest_checks import (CG, DEVICE, GRACE_S, NO_CAP_IPC_LOCK, PY, TYPES, Agent,  # noqa: E402
-                               App, Checks, Lines, anomaly_events, kernel_counts, link_local_ready,
-                               listening, setup_rxe,
-                               wait_until)
+from rdma_guest_kit import (CG, DEVICE, GRACE_S, NO_CAP_IPC_LOCK, PY, TYPES, Agent,  # noqa: E402
+                            App, Checks, Lines, anomaly_events, kernel_counts, link_local_ready,
+                            listening, setup_rxe,
+                            wait_until)
 
 APP_CG = "/rdmatest/app"
 # a Slurm task's cgroup, as slurmd lays it out: its events name job 77

@@ -22,8 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
-from rdma_guest_checks import (DEVICE, NETDEV, Checks, link_local_ready, listening,  # noqa: E402
-                               setup_rxe, sh, wait_until)
+from rdma_guest_kit import (DEVICE, NETDEV, Checks, link_local_ready, listening,  # noqa: E402
+                            setup_rxe, sh, wait_until)
 
 from tracehound.collectors.rdma_ports import RdmaPortCollector  # noqa: E402
 from tracehound.detect.rdma_ports import PortWatcher  # noqa: E402

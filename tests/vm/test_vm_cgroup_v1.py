@@ -5,13 +5,13 @@ with exact bytes, and says so (tests/vm/cgroup_v1_guest.py)."""
 import shlex
 import sys
 
-import harness
+import scenarios
 import pytest
 
 pytestmark = pytest.mark.vm
 
 # unshare: the guest's other scenarios keep their v2 tree
-GUEST = harness.Scenario(
+GUEST = scenarios.Scenario(
     "cgroup_v1",
     f"unshare -m {shlex.quote(sys.executable)} tests/vm/cgroup_v1_guest.py {{results}}", 600,
     lane="files")
@@ -23,10 +23,10 @@ def v1_run(guest_boot):
 
 
 def test_scenario_ran_to_completion(v1_run):
-    harness.assert_completed(*v1_run)
+    scenarios.assert_completed(*v1_run)
 
 
 @pytest.mark.parametrize("check", ["pure_v1", "agent_starts", "job_io", "job_bytes_exact",
                                    "key_metric"])
 def test_pure_v1_host(v1_run, check):
-    harness.assert_check(*v1_run, check)
+    scenarios.assert_check(*v1_run, check)

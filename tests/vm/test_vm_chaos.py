@@ -1,7 +1,7 @@
 """The chaos faults that need the VM (soft-RoCE, device-mapper), end to end
 in the Debian 6.1 VM: one boot runs every experiment
 (tests/vm/chaos_guest_checks.py); each check comes back as its own test."""
-import harness
+import scenarios
 import pytest
 
 pytestmark = pytest.mark.vm
@@ -18,7 +18,7 @@ CHECKS += ["memlock_event_detected",
 
 # 824 s in a quiet run on the 2-CPU CI host (each detection probe now also
 # reads its signal before the fault): a fifth more, for a loaded machine
-GUEST = harness.guest_script("chaos_guest_checks.py", timeout=1080, name="chaos")
+GUEST = scenarios.guest_script("chaos_guest_checks.py", timeout=1080, name="chaos")
 
 
 @pytest.fixture(scope="session")
@@ -28,11 +28,11 @@ def chaos_run(guest_boot):
 
 def test_scenario_ran_to_completion(chaos_run):
     result, data = chaos_run
-    harness.assert_completed(result, data)
+    scenarios.assert_completed(result, data)
     crashed = {k: v["detail"] for k, v in data["checks"].items() if k.endswith("_crashed")}
     assert not crashed, f"experiments crashed: {crashed}\n{result.output[-4000:]}"
 
 
 @pytest.mark.parametrize("name", CHECKS)
 def test_chaos_check(chaos_run, name):
-    harness.assert_check(*chaos_run, name)
+    scenarios.assert_check(*chaos_run, name)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-import harness
+import scenarios
 
 pytestmark = pytest.mark.vm
 
@@ -63,7 +63,7 @@ SUITES = {
 _PYTEST = "{python} -m pytest -p no:cacheprovider -p no:hypothesispytest -q"
 _MODE_RUN = (_PYTEST + " {suite} --hook-mode {mode} "
              "--junitxml={{results}}/{mode}.xml >{{results}}/{mode}.log 2>&1; echo \"MODE {mode} rc=$?\"")
-GUEST = harness.Scenario("io", "\n".join(
+GUEST = scenarios.Scenario("io", "\n".join(
     ["export TRACEHOUND_PARITY_DIR={results} TRACEHOUND_TEST_DISK_DIR={results}",
      "mountpoint -q /sys/kernel/tracing || mount -t tracefs nodev /sys/kernel/tracing"]
     + [_MODE_RUN.format(python=sys.executable, suite=" ".join(map(shlex.quote, SUITES[m])), mode=m) for m in MODES]

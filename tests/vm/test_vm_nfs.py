@@ -2,7 +2,7 @@
 in every hook mode, beside the same job on a tmpfs and an ext4. One boot runs
 the whole scenario (tests/vm/nfs_guest_checks.py); each mode and file system
 comes back as its own test outcome here."""
-import harness
+import scenarios
 import pytest
 
 from nfs_guest_checks import FILESYSTEMS, MODES, SIZE
@@ -10,7 +10,7 @@ from nfs_guest_checks import FILESYSTEMS, MODES, SIZE
 pytestmark = pytest.mark.vm
 
 
-GUEST = harness.guest_script("nfs_guest_checks.py", timeout=900, name="nfs", lane="files")
+GUEST = scenarios.guest_script("nfs_guest_checks.py", timeout=900, name="nfs", lane="files")
 
 
 @pytest.fixture(scope="session")
@@ -35,7 +35,7 @@ def failed(result, data: dict, names: list[str]) -> list[str]:
 
 
 def test_scenario_ran_to_completion(nfs_run):
-    harness.assert_completed(*nfs_run)
+    scenarios.assert_completed(*nfs_run)
 
 
 @pytest.mark.parametrize("name", ["nfs_mounted", "local_mounted"])

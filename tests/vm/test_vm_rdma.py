@@ -1,7 +1,7 @@
 """RDMA state tracking on a real soft-RoCE device (rdma_rxe) in the Debian 6.1
 VM. One boot runs the whole scenario (tests/vm/rdma_guest_checks.py); each of
 its checks comes back as its own test outcome here."""
-import harness
+import scenarios
 import pytest
 
 pytestmark = pytest.mark.vm
@@ -40,7 +40,7 @@ CHECKS = [
 ]
 
 
-GUEST = harness.guest_script("rdma_guest_checks.py", timeout=1500, name="rdma")
+GUEST = scenarios.guest_script("rdma_guest_checks.py", timeout=1500, name="rdma")
 
 
 @pytest.fixture(scope="session")
@@ -49,9 +49,9 @@ def rdma_run(guest_boot):
 
 
 def test_scenario_ran_to_completion(rdma_run):
-    harness.assert_completed(*rdma_run)
+    scenarios.assert_completed(*rdma_run)
 
 
 @pytest.mark.parametrize("name", CHECKS)
 def test_rdma_check(rdma_run, name):
-    harness.assert_check(*rdma_run, name)
+    scenarios.assert_check(*rdma_run, name)

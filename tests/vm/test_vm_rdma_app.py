@@ -6,7 +6,7 @@ import shutil
 import subprocess
 from pathlib import Path
 
-import harness
+import scenarios
 import pytest
 
 pytestmark = pytest.mark.vm
@@ -37,7 +37,7 @@ def build_misuse_program(results: Path) -> None:
                     str(HERE / "verbs_misuse.c"), "-libverbs"], check=True)
 
 
-GUEST = harness.guest_script("rdma_app_checks.py", "{results}/verbs_misuse", timeout=900,
+GUEST = scenarios.guest_script("rdma_app_checks.py", "{results}/verbs_misuse", timeout=900,
                              name="rdma_app", prepare=build_misuse_program)
 
 
@@ -47,9 +47,9 @@ def app_run(guest_boot):
 
 
 def test_scenario_ran_to_completion(app_run):
-    harness.assert_completed(*app_run)
+    scenarios.assert_completed(*app_run)
 
 
 @pytest.mark.parametrize("name", CHECKS)
 def test_rdma_app_check(app_run, name):
-    harness.assert_check(*app_run, name)
+    scenarios.assert_check(*app_run, name)

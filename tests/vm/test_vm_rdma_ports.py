@@ -2,7 +2,7 @@
 the Debian 6.1 VM. One boot runs the whole scenario
 (tests/vm/rdma_ports_checks.py); each of its checks comes back as its own
 test outcome here."""
-import harness
+import scenarios
 import pytest
 
 pytestmark = pytest.mark.vm
@@ -22,7 +22,7 @@ CHECKS = [
 ]
 
 
-GUEST = harness.guest_script("rdma_ports_checks.py", timeout=600, name="rdma_ports")
+GUEST = scenarios.guest_script("rdma_ports_checks.py", timeout=600, name="rdma_ports")
 
 
 @pytest.fixture(scope="session")
@@ -31,9 +31,9 @@ def ports_run(guest_boot):
 
 
 def test_scenario_ran_to_completion(ports_run):
-    harness.assert_completed(*ports_run)
+    scenarios.assert_completed(*ports_run)
 
 
 @pytest.mark.parametrize("name", CHECKS)
 def test_rdma_ports_check(ports_run, name):
-    harness.assert_check(*ports_run, name)
+    scenarios.assert_check(*ports_run, name)

@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import harness
+import scenarios
 
 pytestmark = pytest.mark.vm
 
@@ -23,11 +24,11 @@ CHECKS = [
 ]
 
 
-GUEST = harness.Scenario(
+GUEST = scenarios.Scenario(
     "smoke", f"HOST_PYTHON={shlex.quote(sys.executable)} bash tests/vm/smoke_checks.sh {{results}}", 600)
 # a command that fails, run in the same boot: its exit status and both its
 # streams must come back as its own, not as the boot's
-FAILING = harness.Scenario("failing", "echo to-stdout; echo to-stderr >&2; pwd; false; exit 42", 60)
+FAILING = scenarios.Scenario("failing", "echo to-stdout; echo to-stderr >&2; pwd; false; exit 42", 60)
 
 
 @pytest.fixture(scope="session")
