@@ -26,7 +26,7 @@ from google.protobuf.internal.encoder import _VarintBytes
 from common import REPO, log, stamp
 
 sys.path.insert(0, str(REPO))
-from tests.metrics_proto import message_classes  # noqa: E402
+from tests.metrics_proto import message_classes, read_varint  # noqa: E402
 from tracehound.exporter import protobuf  # noqa: E402
 
 REPORT = REPO / "bench" / "report"
@@ -131,14 +131,7 @@ def library(series: list[dict], label_sets=None) -> bytes:
 def decode(data: bytes) -> list:
     msgs, pos = [], 0
     while pos < len(data):
-        size = shift = 0
-        while True:
-            b = data[pos]
-            pos += 1
-            size |= (b & 0x7F) << shift
-            shift += 7
-            if b < 0x80:
-                break
+        size, pos = read_varint(data, pos)
         msgs.append(MetricFamily.FromString(data[pos:pos + size]))
         pos += size
     return msgs

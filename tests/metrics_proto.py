@@ -58,3 +58,15 @@ def message_classes() -> dict:
     pool.Add(proto)
     return {name: message_factory.GetMessageClass(
         pool.FindMessageTypeByName("io.prometheus.client." + name)) for name in SCHEMA}
+
+
+def read_varint(data: bytes, pos: int = 0) -> tuple[int, int]:
+    """The varint at POS, and the position after it."""
+    value = shift = 0
+    while True:
+        byte = data[pos]
+        pos += 1
+        value |= (byte & 0x7F) << shift
+        shift += 7
+        if not byte & 0x80:
+            return value, pos

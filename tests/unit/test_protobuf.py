@@ -1,5 +1,6 @@
 """The hand-written protobuf encoder, read back by the reference protobuf
-runtime through a schema built here from client_model's metrics.proto."""
+runtime through client_model's metrics.proto, built from a descriptor in
+tests/metrics_proto.py."""
 import importlib.util
 import math
 import sys
@@ -15,20 +16,9 @@ from prometheus_client.samples import Timestamp
 
 from tracehound.exporter import protobuf
 
-from tests.metrics_proto import message_classes
+from tests.metrics_proto import message_classes, read_varint
 
 MetricFamily = message_classes()["MetricFamily"]
-
-
-def read_varint(data: bytes, pos: int = 0) -> tuple[int, int]:
-    value = shift = 0
-    while True:
-        byte = data[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        shift += 7
-        if not byte & 0x80:
-            return value, pos
 
 
 def decode(data: bytes) -> list:
