@@ -45,12 +45,15 @@ def loadavg() -> list[str]:
 
 def commit(tree: Path | str = REPO, paths: tuple[str, ...] = ()) -> str:
     """TREE's commit, marked when it has uncommitted changes (in PATHS only,
-    when given); "unknown (...)" for a tree that is no git checkout."""
+    when given); "unknown (...)" for a tree that is no git checkout. The
+    reports themselves do not count: a run of several benchmarks rewrites
+    them as it goes, and each is still of the same code."""
     try:
         sha = sh(["git", "-C", tree, "rev-parse", "--short=12", "HEAD"]).strip()
         # no optional locks: reading the tree's state must not rewrite its index
         dirty = sh(["git", "--no-optional-locks", "-C", tree, "status", "--porcelain",
-                    "--untracked-files=no", "--", *paths]).strip()
+                    "--untracked-files=no", "--", *(paths or (".",)),
+                    ":(exclude)bench/report"]).strip()
     except (OSError, subprocess.CalledProcessError):
         return f"unknown ({tree} is no git checkout)"
     return sha + (" (with uncommitted changes)" if dirty else "")
