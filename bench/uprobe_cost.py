@@ -53,7 +53,10 @@ def build(tmp: Path) -> tuple[Path, Path]:
     (tmp / "lib.c").write_text(LIB)
     (tmp / "loop.c").write_text(LOOP)
     lib = tmp / "libstandin.so"
-    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", "-o", str(lib), str(tmp / "lib.c")], check=True)
+    # versioned as libibverbs' are: the probe reads a verb's default version
+    (tmp / "lib.map").write_text("IBVERBS_1.1 { global: ibv_alloc_pd; local: *; };\n")
+    subprocess.run(["gcc", "-O2", "-shared", "-fPIC", f"-Wl,--version-script={tmp / 'lib.map'}",
+                    "-o", str(lib), str(tmp / "lib.c")], check=True)
     loop = tmp / "loop"
     subprocess.run(["gcc", "-O2", "-o", str(loop), str(tmp / "loop.c"), f"-L{tmp}", "-lstandin",
                     f"-Wl,-rpath,{tmp}"], check=True)
@@ -96,7 +99,7 @@ def main() -> None:
     args = p.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
         lib, loop = build(Path(tmp))
-        offset = file_offsets(str(lib), ["ibv_alloc_pd"])["ibv_alloc_pd"]
+        offset = file_offsets(lib.read_bytes(), str(lib), ["ibv_alloc_pd"])["ibv_alloc_pd"]
         per_call(loop, args.calls)                      # warm
         obj = BpfObject(object_path("rdma"))
         for name, prog in obj.programs.items():
