@@ -199,7 +199,8 @@ def report(d: dict) -> str:
     return "\n".join([
         "# Cost of counting data past read and write",
         "",
-        f"Host: {d['cpu']}, {d['vcpus']} vCPUs, kernel {d['kernel']}; the workload pinned to "
+        f"Host: {d['cpu']}, {d['vcpus']} vCPUs, kernel {d['kernel']}, commit "
+        f"{d.get('commit', 'not recorded')}; the workload pinned to "
         f"CPU {d['vcpus'] - 1}. {d['rounds']} rounds of {d['seconds']} s per condition, "
         f"alternating; {d['wall_s']:.0f} s in all. I/O probe modes: "
         + (", ".join(f"{k} {v}" for k, v in modes.items()) or "?") + ".",

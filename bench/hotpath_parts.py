@@ -159,7 +159,8 @@ def report(res: dict) -> str:
 
     lines = [
         "# What each step of an I/O event costs", "",
-        f"{m['date']} on Linux {m['kernel']}, {m['nproc']} × {m['cpu']}; return-stack "
+        f"{m['date']} at commit {m.get('commit', 'not recorded')} on Linux {m['kernel']}, "
+        f"{m['nproc']} × {m['cpu']}; return-stack "
         f"mitigation: {m['return_mitigation']}. Each block is one program on the raw "
         f"sys_exit tracepoint, attached alone, acting on pread64 only, while fio does 4 KiB "
         f"preads from tmpfs with bpf_stats on; {res['rounds']} rounds × {res['runtime_s']} s, "

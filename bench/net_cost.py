@@ -297,7 +297,8 @@ def report(d: dict) -> str:
     added = per_conn * (set_state.get("ns_per_run") or 0)
     lines = [
         "# What the net probe costs on the paths it hooks", "",
-        f"{d['cpu']}, {d['vcpus']} vCPUs (a KVM guest), kernel {d['kernel']}. One run of "
+        f"{d['cpu']}, {d['vcpus']} vCPUs (a KVM guest), kernel {d['kernel']}, commit "
+        f"{d.get('commit', 'not recorded')}. One run of "
         "`bench/net_cost.py` in a network namespace of its own: C load generators over "
         f"loopback, {d['rounds']} rounds of {d['seconds']} s alternating without and with the "
         "probe (tp_btf programs on inet_sock_set_state, tcp_retransmit_skb, tcp_receive_reset). "
