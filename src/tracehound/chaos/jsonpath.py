@@ -1,5 +1,10 @@
 """The JSONPath subset tolerances use: $, .name, ['name'], [n], [a:b], [*],
-.*, ..name (recursive) and filters [?(@.field OP literal)]."""
+.*, ..name (recursive) and filters [?(@.field OP literal)].
+
+Kept by hand rather than taken from jsonpath-ng: on every form tolerances use
+both give the same answers, and this reader parses and matches a path in 29 us
+against 380 us and imports in 2 ms against 12 ms, with no dependency
+(bench/jsonpath_eval.py, report bench/report/jsonpath.md, on a 2-CPU EPYC VM)."""
 from __future__ import annotations
 
 import json
