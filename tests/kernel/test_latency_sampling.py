@@ -4,6 +4,7 @@ counts about every call; the calls that follow it at a low rate are all
 timed again; `--latency every` times every call. (Calls slower than the
 sampling gap are all timed: test_io_accuracy.py, in every hook mode.)"""
 import os
+import sys
 
 import pytest
 
@@ -78,3 +79,48 @@ def test_every_call_is_timed_when_asked(hook_mode, cgroup_root, cgroup, tmpfs):
         assert not any(name == TIMED for name, _labels in m)
     finally:
         stop_agent(every)
+
+
+# A loop of page-cache reads, each after twenty reads of a pipe the loop
+# fills itself: reads the probe sees start and does not count (a pipe is on
+# no counted mount). In syscall mode they pass the sampler too. Were their
+# share of the weights handed to the file's timed reads, the file's count
+# would still be right on average, but scattered above and below its
+# requests; given back, it is never above them.
+PIPE_AND_FILE = """
+import os, sys
+fd = os.open(sys.argv[1], os.O_RDONLY)
+r, w = os.pipe()
+for i in range(int(sys.argv[2])):
+    os.write(w, b"x" * 20)
+    for _ in range(20):
+        os.read(r, 1)
+    os.pread(fd, 4096, (i % 256) * 4096)
+"""
+
+
+def test_reads_the_probe_does_not_count_never_add_to_the_histogram(agent, cgroup_root, cgroup,
+                                                                    tmpfs):
+    path = os.path.join(tmpfs, "beside-a-pipe")
+    with open(path, "wb") as f:
+        f.write(os.urandom(MiB))
+    loops, counts = 20_000, []
+    # four runs, each in a cgroup of its own: a count scattered around its
+    # requests would be above them in one of four with odds of 15 in 16
+    for n in range(4):
+        rel = f"{cgroup}/beside-a-pipe-{n}"
+        os.makedirs(cgroup_root + rel)
+        try:
+            out = exec_in_cgroup(cgroup_root, rel, [sys.executable, "-c", PIPE_AND_FILE, path,
+                                                    str(loops)])
+            assert out.returncode == 0, out.stderr
+            counts.append(reads(agent.scrape(), rel, tmpfs))
+        finally:
+            remove_cgroup(cgroup_root + rel)
+    for requests, counted in counts:
+        # (the interpreter's own reads at start-up are on the root file system)
+        assert requests == loops
+        # never above; below by the untimed tail of each CPU's last interval
+        # and by what each switch to another task's reads cut short: on a
+        # machine busy with other work, up to a quarter was measured
+        assert loops / 2 <= counted <= loops, counts

@@ -347,7 +347,7 @@ class SamplerMap:
 
     def lookup_percpu(self, key):
         (h,) = struct.unpack("I", key)
-        return [io_mod.SAMPLER.pack(123, n, 9, 77, 1, 1) for n in self.timed[h]]
+        return [io_mod.SAMPLER.pack(123, n, 9, 77, 1, 1, 40, 0) for n in self.timed[h]]
 
 
 def test_the_timed_calls_of_sampled_timing_are_exported_per_op(tmp_path):

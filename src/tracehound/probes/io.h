@@ -81,8 +81,9 @@ struct io_settings {
  * come fast on a CPU, one call in an interval of about 2^k is timed and its
  * latency stands for all the calls since the last timed one (its weight);
  * each timed call sets k from the call rate it measured, so rare calls are
- * always timed, and so is the first call of a kind on a CPU in each tick or
- * from another task. */
+ * always timed, and so is the first call of a kind on a CPU after the rate
+ * fell (a tick with no such call, or with fewer than one interval) or from
+ * another task. */
 #define SAMPLE_K_MAX 8        /* intervals average at most 2^8 calls */
 
 struct io_sampler {
@@ -92,6 +93,8 @@ struct io_sampler {
 	__u64 task;           /* the task that made it */
 	__u32 since;          /* calls since the last timed one */
 	__u32 interval;       /* the next timed call is the interval-th */
+	__u32 in_tick;        /* calls in the tick of the last one */
+	__u32 pad;
 };
 
 #define FSTYPE_LEN 16

@@ -1,6 +1,7 @@
 """The I/O probe (io.bpf.o): its hook tables, its map layouts, and the loader
-that picks a hook mode per group, loads, attaches, keeps the configuration
-maps (skip list, mount prefixes) current and reads the counters back.
+that picks a hook mode per group, loads, attaches, fills the configuration
+maps (the mount prefixes, kept current, are io_mount_mirror.py's) and reads
+the counters back.
 
 Nothing outside this module knows io.bpf.o's map names: the collector gets
 decoded (IoKey, values) pairs. The byte layouts (io.h's) are io_maps.py's.
@@ -10,7 +11,6 @@ from __future__ import annotations
 import array
 import logging
 import mmap
-import select
 import struct
 import threading
 from dataclasses import dataclass
@@ -24,8 +24,9 @@ from ..bpf.loader import BpfObject, Map
 from ..host.mounts import DEFAULT_SKIP_FSTYPES, MountTable
 from . import object_path
 from .cgroup_key import set_cgroup_key
-from .io_maps import (CACHE_FILL, COUNTERS_AT, FSTYPE_LEN, HEALTH, HISTS, KEY, OPS, PATH_LEN,
-                     SAMPLER, SETTINGS, SLOT, U64, IoKey, decode_values, op_mask, timed_mask)
+from .io_mount_mirror import MOUNTS_SEEN_MAP, MountMirror
+from .io_maps import (CACHE_FILL, COUNTERS_AT, FSTYPE_LEN, HEALTH, HISTS, KEY, OPS, SAMPLER,
+                      SETTINGS, SLOT, U64, IoKey, decode_values, op_mask, timed_mask)
 
 log = logging.getLogger(__name__)
 
@@ -44,8 +45,6 @@ URING_CLOCKS = (("rt_io_uring_submit_req", "io_uring_submit_req"),
                 ("rt_io_uring_submit_sqe", "io_uring_submit_sqe"))
 URING_COMPLETE = "rt_io_uring_complete"
 SETTINGS_MAP = ".rodata.settings"
-MOUNTS_SEEN_MAP = ".data.mounts"
-MOUNTS_SEEN_SLOTS = 4096
 # bpf_rdonly_cast (6.2) lets the probe read kernel structs with plain loads;
 # older kernels get the build that reads them through helper calls
 COMPAT_OBJECT = "io_compat"
@@ -167,12 +166,10 @@ class IoProbe:
         self.mounts = mounts
         self.obj: BpfObject | None = None
         self.plans: list[features.GroupPlan] = []
-        self._lpm_keys: set[bytes] = set()
         self._maps: dict[str, Map] = {}
         self._counters: mmap.mmap | None = None   # io_stats, shared with the kernel
         self._lock = threading.Lock()
-        self._watcher: threading.Thread | None = None
-        self._stop = threading.Event()
+        self._mirror = MountMirror(mounts, config.skip_fstypes, self._lock)
 
     # -- lifecycle --------------------------------------------------------
     def start(self) -> "IoProbe":
@@ -215,47 +212,25 @@ class IoProbe:
         except BaseException:
             self._forget_object()
             raise
-        self._start_watcher()
+        self._mirror.watch()
 
     def _forget_object(self) -> None:
         """Drop what refers to the object (closed by its owner or by
         open_loaded's failure path)."""
         self._maps = {}
+        self._mirror.forget()
         if self._counters is not None:
             self._counters.close()
             self._counters = None
         self.obj = None
 
     def close(self) -> None:
-        self._stop.set()
-        if self._watcher is not None:
-            self._watcher.join(timeout=2)
-            self._watcher = None
+        self._mirror.stop()
         with self._lock:
             obj = self.obj
             self._forget_object()
             if obj is not None:
                 obj.close()
-        self._stop.clear()
-
-    def _start_watcher(self) -> None:
-        """Follow mount changes as they happen: the kernel flags
-        /proc/self/mountinfo with POLLPRI on every mount or unmount, so a new
-        file system's path prefix is known before its first namespace op."""
-        def watch():
-            with open(self.mounts.path) as f:
-                poller = select.poll()
-                poller.register(f, select.POLLPRI | select.POLLERR)
-                while not self._stop.is_set():
-                    if poller.poll(500):
-                        f.seek(0)
-                        f.read()  # re-arm
-                        try:
-                            self.sync_mounts()
-                        except Exception as exc:  # keep watching; scrapes sync too
-                            log.warning("io probe: mount sync failed: %s", exc)
-        self._watcher = threading.Thread(target=watch, name="mount-watcher", daemon=True)
-        self._watcher.start()
 
     def __enter__(self) -> "IoProbe":
         return self.start()
@@ -269,40 +244,20 @@ class IoProbe:
         for name in self.config.skip_fstypes:
             raw = name.encode()[:FSTYPE_LEN - 1]
             skip.update(raw.ljust(FSTYPE_LEN, b"\0"), b"\1")
-        self.sync_mounts(force=True)
+        self._mirror.start(self._maps)
 
     def sync_mounts(self, force: bool = False) -> None:
-        """Mirror mount points into the LPM trie used for absolute paths."""
-        with self._lock:
-            if self.obj is not None and (self.mounts.refresh() or force):
-                self._sync_lpm()
-
-    def _sync_lpm(self) -> None:
-        # The kernel checks each remembered mount id against its super block's
-        # device; forgetting them all when the table changes also covers an
-        # id and a device number both reused by a new mount.
-        self._maps[MOUNTS_SEEN_MAP].update(struct.pack("I", 0), bytes(8 * MOUNTS_SEEN_SLOTS))
-        lpm = self._maps["mounts_by_path"]
-        skip = set(self.config.skip_fstypes)
-        wanted: dict[bytes, bytes] = {}
-        for m in self.mounts.mounts:  # later mounts hide earlier ones at the same point
-            prefix = m.mountpoint.rstrip("/") + "/"
-            # the kernel's bytes, also where they are not UTF-8
-            raw = prefix.encode("utf-8", "surrogateescape")[:PATH_LEN]
-            key = struct.pack("I", len(raw) * 8) + raw.ljust(PATH_LEN, b"\0")
-            wanted[key] = struct.pack("II", m.mnt_id, 1 if m.fstype in skip else 0)
-        for key in self._lpm_keys - wanted.keys():
-            lpm.delete(key)
-        for key, value in wanted.items():
-            lpm.update(key, value)
-        self._lpm_keys = set(wanted)
+        """Mirror the mount table into the kernel now (the watcher does it on
+        every change)."""
+        self._mirror.sync(force)
 
     # -- reading ------------------------------------------------------------
     def stats(self) -> Iterator[tuple[IoKey, array.array]]:
         """Every (cgroup, mount) entry of the counters, decoded as it is read
-        (one batch of raw values at a time). The mount table is synced
-        first, so every mount id read has its name."""
-        self.sync_mounts()
+        (one batch of raw values at a time). The mount table is re-read first,
+        so every mount id read has its name; no map is written here."""
+        with self._lock:
+            self.mounts.refresh()
         unpack = KEY.unpack
         for k, v in self._entries():
             yield IoKey(*unpack(k)), decode_values(v)

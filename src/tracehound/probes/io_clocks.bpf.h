@@ -13,6 +13,7 @@ struct clock {
 	__u64 ts;      /* 0: no call in flight; CLOCK_UNTIMED: one not sampled */
 	long id;       /* syscall number, or op for VFS calls */
 	__u32 weight;  /* the calls a timed one stands for (io_sample.bpf.h) */
+	__u32 op;      /* its kind, whose sampler picked it */
 };
 
 /* ts of a call in flight that is not timed: exit then knows it has no start
@@ -56,14 +57,17 @@ static __always_inline void clock_start(__u32 user, long id, __u32 op)
 	if (!c)
 		return;
 	c->id = id;
+	c->op = op;
 	c->ts = ts ? ts : CLOCK_UNTIMED;
 	c->weight = weight;
 }
 
 /* ns since this call's clock_start, or 0 when it has none (not sampled, or
- * it began before the probe was attached); *weight: the calls it stands for */
+ * it began before the probe was attached); *weight: the calls it stands for;
+ * *here: the call started on this CPU and was never switched out, so this
+ * CPU's sampler picked it (and can take its share back: sample_giveback) */
 static __always_inline __u64 clock_stop(__u32 user, struct task_struct *task, long id,
-					__u32 *weight)
+					__u32 *weight, bool *here)
 {
 	struct clock *c = clock_slot(user);
 	struct moved_clocks *moved;
@@ -72,9 +76,12 @@ static __always_inline __u64 clock_stop(__u32 user, struct task_struct *task, lo
 	if (!c || user >= CLOCKS)
 		return 0;
 	if (c->ts) {
-		if (c->id == id && c->ts != CLOCK_UNTIMED) {
-			ts = c->ts;
-			*weight = c->weight;
+		if (c->id == id) {
+			*here = true;
+			if (c->ts != CLOCK_UNTIMED) {
+				ts = c->ts;
+				*weight = c->weight;
+			}
 		}
 		c->ts = 0;
 	} else {
@@ -95,7 +102,12 @@ static __always_inline void move_clock(__u32 user, struct task_struct *prev)
 
 	if (!c || !c->ts || user >= CLOCKS)
 		return;
-	if (c->ts == CLOCK_UNTIMED) {   /* nothing to carry: exit counts it untimed */
+	if (c->ts == CLOCK_UNTIMED) {
+		/* nothing to carry: exit counts it untimed. Whether it is counted
+		 * at all is known only there, on whatever CPU, so its place among
+		 * the calls since this CPU's last timed one goes back now: a
+		 * weight never stands for a call the probe may not count. */
+		sample_giveback(c->op, 0);
 		c->ts = 0;
 		return;
 	}

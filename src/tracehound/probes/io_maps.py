@@ -43,7 +43,7 @@ LAYOUTS = (
     Layout("io_settings", [("agent_mnt_ns", "I"), ("tp_ops", "I"), ("timed_ops", "I"),
                            ("slots", "I"), ("sample_gap_ns", "I")]),
     Layout("io_sampler", [("last_ts", "Q"), ("timed", "Q"), ("tick", "Q"), ("task", "Q"),
-                          ("since", "I"), ("interval", "I")]),
+                          ("since", "I"), ("interval", "I"), ("in_tick", "I"), ("pad", "I")]),
     Layout("fstype_name", [("name", f"{FSTYPE_LEN}s")]),
     Layout("mnt_lpm_key", [("prefixlen", "I"), ("path", f"{PATH_LEN}s")]),
     Layout("mnt_lpm_value", [("mnt_id", "I"), ("skip", "I")]),

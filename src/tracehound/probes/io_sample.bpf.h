@@ -13,13 +13,20 @@
  * the last timed one (about one call per settings.sample_gap_ns is timed),
  * the length drawn from the clock's bits among the odd numbers below
  * 2^(k+1), whose mean is 2^k, so a pattern in the calls cannot line up with
- * the sampling. The first call of a kind on a CPU in a new tick, or from
- * another task than the last one, is timed whatever the interval, standing
- * for itself: after a storm the calls that follow at a low rate are timed
- * again at once, calls rarer than one per tick always are, a task's rare
- * calls are timed on a CPU another task floods, and a weight only ever
- * counts its own task's calls. The weights add up to the calls, less the
- * untimed ones a new tick or task cut short (at most one interval each). */
+ * the sampling. A call is timed whatever the interval, standing for itself,
+ * when the rate of its kind on its CPU fell (the last such call was in an
+ * earlier tick than the one before, or its tick held fewer calls than one
+ * interval) or when it comes from another task than the last one: after a
+ * storm the calls that follow at a low rate are timed again within a tick,
+ * calls rarer than one per tick always are, a task's rare calls are timed on
+ * a CPU another task floods, and a weight only ever counts its own task's
+ * calls. While calls keep coming fast a new tick changes nothing, so the
+ * call after each timer interrupt is not timed more often than others. The
+ * weights add up to the calls, less the untimed ones a fall in rate or a new
+ * task cut short (at most one interval each), and never more: a call that
+ * turns out not to be counted (its file on no mount the probe counts) gives
+ * its share back (sample_giveback), and so does an untimed call switched out
+ * in its middle, whose end this CPU may not see. */
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -45,18 +52,26 @@ static __always_inline __u32 sample_pick(struct io_sampler *s)
 		return 1;
 	tick = bpf_jiffies64();
 	task = bpf_get_current_task();
-	if (tick != s->tick || task != s->task) {
-		/* the first of its kind here this tick, or from this task since
-		 * another's: timed, standing for itself. Calls left untimed before
-		 * are not given to it, so a weight never counts another task's
-		 * calls, nor another cgroup's. */
+	if (task != s->task || tick - s->tick > 1 ||
+	    (tick != s->tick && s->in_tick < s->interval)) {
+		/* the rate fell, or another task calls: timed, standing for
+		 * itself. Calls left untimed before are not given to it, so a
+		 * weight never counts another task's calls (nor another
+		 * cgroup's), and a slow call after a storm never stands for the
+		 * storm's fast ones. */
 		s->tick = tick;
 		s->task = task;
+		s->in_tick = 1;
 		s->since = 0;
 		/* and its rate is not known yet: the next call is timed too */
 		s->last_ts = 0;
 		return 1;
 	}
+	if (tick != s->tick) {
+		s->tick = tick;
+		s->in_tick = 0;
+	}
+	s->in_tick++;
 	weight = s->since + 1;
 	if (weight < s->interval) {
 		s->since = weight;
@@ -64,6 +79,25 @@ static __always_inline __u32 sample_pick(struct io_sampler *s)
 	}
 	s->since = 0;
 	return weight;
+}
+
+/* A call sample_pick saw (with `weight`, 0 when untimed) that is not counted
+ * after all, on the CPU that picked it: its share goes back, so that the
+ * weights of the calls that are counted add up to those calls. An untimed
+ * one leaves the count of calls since the last timed one; a timed one hands
+ * the calls it stood for, but itself, to the next timed call. */
+static __always_inline void sample_giveback(__u32 op, __u32 weight)
+{
+	struct io_sampler *s = sampler_of(op);
+
+	if (!settings.sample_gap_ns || !s)
+		return;
+	if (!weight) {
+		if (s->since)
+			s->since--;
+	} else {
+		s->since += weight - 1;
+	}
 }
 
 /* At a timed call's start (`now`, `weight` its calls): the next interval. */

@@ -118,6 +118,7 @@ int BPF_PROG(tp_sys_exit, struct pt_regs *regs, long ret)
 	struct task_struct *task;
 	__u64 delta = 0;
 	__u32 weight = 0;
+	bool here = false;
 
 	if (!tp_counts(op)) {
 		if (op < 0 && (settings.tp_ops & (TP_COPY | TP_AIO)))
@@ -128,8 +129,10 @@ int BPF_PROG(tp_sys_exit, struct pt_regs *regs, long ret)
 	switch (op) {
 	case OP_READ: case OP_WRITE: case OP_FSYNC:
 		if (timed(op))
-			delta = clock_stop(CLOCK_SYSCALL, task, id, &weight);
+			delta = clock_stop(CLOCK_SYSCALL, task, id, &weight, &here);
 		mnt = fd_mount(task, r->di);
+		if (mnt < 0 && here)   /* a pipe, a socket, a skipped file system */
+			sample_giveback(op, weight);
 		break;
 	case OP_OPEN:
 		tp_open_exit(task, id, r, ret);

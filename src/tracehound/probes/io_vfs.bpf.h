@@ -27,11 +27,14 @@ static __always_inline void fx_file(__u32 op, struct file *f, long ret)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
 	__u32 weight = 0;
-	__u64 delta = timed(op) ? clock_stop(CLOCK_VFS, task, op, &weight) : 0;
+	bool here = false;
+	__u64 delta = timed(op) ? clock_stop(CLOCK_VFS, task, op, &weight, &here) : 0;
 	int mnt = mount_id_typed(f->f_path.mnt);
 
 	if (mnt >= 0)
 		account_in(task, mnt, 0, op, ret, delta, weight);
+	else if (here)
+		sample_giveback(op, weight);
 }
 
 static __always_inline void fx_sb(__u32 op, struct super_block *sb, long ret)
