@@ -31,6 +31,8 @@ class AgentConfig:
     # time a sample of the calls when they come fast (io_sample.bpf.h), or
     # every one (--latency every)
     latency_sampled: bool = True
+    # about one timed call of a kind per CPU per this many ns while calls come faster
+    latency_sample_gap_ns: int = defaults.LATENCY_SAMPLE_GAP_NS
     # a workload idle (or all stopped) this long is stalled; 0: detector off
     stall_after_s: float = defaults.STALL_AFTER_S
     stall_cgroups: str | None = None

@@ -103,3 +103,23 @@ def test_the_io_probe_times_what_is_exported(histograms, latency, timed):
     ctx = Context(AgentConfig(latency_histograms=histograms, latency=latency),
                   MountTable(os.path.join(here, "fixtures", "exposition", "mountinfo")), None)
     assert IoSubsystem(ctx).probe.config.latency == timed
+
+
+@pytest.mark.parametrize("value", ["0", "1.5", "1000001", "fast"])
+def test_a_sample_gap_out_of_range_is_refused(value):
+    res = th("run", "--latency-sample-gap", value)
+    assert res.returncode == 2
+    assert "--latency-sample-gap" in res.stderr and "microseconds" in res.stderr
+
+
+@pytest.mark.parametrize("sampled,gap_ns", [(True, 250_000), (False, 0)])
+def test_the_sample_gap_reaches_the_io_probe_when_calls_are_sampled(sampled, gap_ns):
+    """--latency every times every call: no gap reaches the kernel then."""
+    from tracehound.config import AgentConfig
+    from tracehound.host.mounts import MountTable
+    from tracehound.subsystems.base import Context
+    from tracehound.subsystems.io import IoSubsystem
+    here = os.path.dirname(__file__)
+    ctx = Context(AgentConfig(latency_sampled=sampled, latency_sample_gap_ns=250_000),
+                  MountTable(os.path.join(here, "fixtures", "exposition", "mountinfo")), None)
+    assert IoSubsystem(ctx).probe.config.sample_gap_ns == gap_ns

@@ -79,6 +79,21 @@ def _http_url(value: str) -> str:
     return value
 
 
+def _microseconds(low: int, high: int):
+    """A whole number of microseconds from `low` to `high`."""
+    def parse(value: str) -> int:
+        try:
+            x = int(value)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"{value!r} is not a whole number of "
+                                             "microseconds") from None
+        if not low <= x <= high:
+            raise argparse.ArgumentTypeError(f"{x} is out of range: {low} to {high} "
+                                             "microseconds")
+        return x
+    return parse
+
+
 def _latency(value: str) -> tuple[frozenset[str], bool]:
     """(the probes to time, whether sampled) of on, off, every, or the
     probes: io.read,io.fsync (sampled), every:io.fsync (every call)"""
@@ -154,6 +169,12 @@ def add_parser(sub, hook) -> None:
                           "syscall mode no entry hook), or the probes to time, comma-separated "
                           f"({', '.join(defaults.LATENCY_PROBES)}; every:PROBES times every "
                           "call of those); bytes, calls and errors are exact in every case")
+    run.add_argument("--latency-sample-gap", type=_microseconds(1, 1_000_000),
+                     default=defaults.LATENCY_SAMPLE_GAP_NS // 1000, metavar="MICROSECONDS",
+                     help="with --latency on: time about one call of a kind per CPU in this "
+                          "many microseconds while they come faster (default "
+                          f"{defaults.LATENCY_SAMPLE_GAP_NS // 1000}); larger costs less and "
+                          "gives the histograms fewer samples")
     run.add_argument("--rdma-grace", type=_seconds(0, MAX_GRACE_S), default=defaults.RDMA_GRACE_S,
                      metavar="SECONDS",
                      help="how long RDMA objects may outlive their process, or the mirror "
@@ -256,6 +277,7 @@ def _run(args) -> int:
                            mountinfo=args.mountinfo,
                            latency_histograms=args.latency_histograms,
                            latency=args.latency[0], latency_sampled=args.latency[1],
+                           latency_sample_gap_ns=args.latency_sample_gap * 1000,
                            stall_after_s=args.stall_after,
                            stall_cgroups=args.stall_cgroups,
                            pressure_max_cgroups=args.pressure_max_cgroups,

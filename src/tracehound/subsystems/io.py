@@ -26,7 +26,7 @@ class IoSubsystem(Subsystem):
         # no histogram exported: nothing to time either
         timed = frozenset() if c.latency_histograms == "off" else \
             frozenset(p.removeprefix("io.") for p in c.latency)
-        gap = defaults.LATENCY_SAMPLE_GAP_NS if c.latency_sampled else 0
+        gap = c.latency_sample_gap_ns if c.latency_sampled else 0
         self.probe = IoProbe(IoProbeConfig(c.hook_mode, c.skip_fstypes, c.max_entries, timed,
                                            cgroup_key=_key(ctx), sample_gap_ns=gap), ctx.mounts)
         self.collector: IoCollector | None = None
