@@ -1,13 +1,18 @@
-"""What every benchmark shares: its log line, running a command, and the
-stamp a report carries (commit, machine, date), so that no report can be
-read without knowing where and at what code it was measured.
+"""What every benchmark shares: its log line, running a command, the stamp a
+report carries (commit, machine, date), so that no report can be read
+without knowing where and at what code it was measured, and the verdict
+line of a target.
 
-Benchmarks import this by name (bench/ is on sys.path when one runs).
+Every benchmark runs as `python -m bench.NAME` from the repository root and
+imports this as bench.common.
 """
 from __future__ import annotations
 
+import ctypes
 import datetime as dt
+import importlib.util
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -15,11 +20,17 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
+REPORT = REPO / "bench" / "report"      # every benchmark's reports, by default
 
 
 def log(msg: str, stream=None) -> None:
     """One timestamped progress line (stdout unless told)."""
     print(f"[{time.strftime('%H:%M:%S')}] {msg}", file=stream or sys.stdout, flush=True)
+
+
+def verdict(ok: bool | None) -> str:
+    """How a target's line starts: met, missed, or not measured (None)."""
+    return "n/a " if ok is None else "MET " if ok else "MISS"
 
 
 def sh(cmd: list, **kw) -> str:
@@ -86,3 +97,26 @@ def paired_spread(d: dict) -> tuple[float, float]:
     """The paired ratios' lower and upper quartiles: the rounds' own noise."""
     q = statistics.quantiles([p / q for q, p in zip(d["bare"], d["probed"])], n=4)
     return q[0], q[2]
+
+
+def tracehound() -> list[str]:
+    """The CLI beside this interpreter; else this interpreter's own package
+    (`python -m tracehound`, e.g. run from the source tree on PYTHONPATH);
+    else whatever `tracehound` is on PATH."""
+    exe = os.path.join(os.path.dirname(sys.executable), "tracehound")
+    if os.path.exists(exe):
+        return [exe]
+    if importlib.util.find_spec("tracehound") is not None:
+        return [sys.executable, "-m", "tracehound"]
+    return [shutil.which("tracehound") or "tracehound"]
+
+
+def prog_id(lib, fd: int) -> int:
+    """The id of the BPF program behind FD, through libbpf (LIB, a ctypes.CDLL)."""
+    lib.bpf_obj_get_info_by_fd.argtypes = [ctypes.c_int, ctypes.c_void_p,
+                                           ctypes.POINTER(ctypes.c_uint32)]
+    info = ctypes.create_string_buffer(256)         # struct bpf_prog_info: id at offset 4
+    size = ctypes.c_uint32(256)
+    if lib.bpf_obj_get_info_by_fd(fd, info, ctypes.byref(size)) != 0:
+        raise OSError("bpf_obj_get_info_by_fd failed")
+    return int.from_bytes(info.raw[4:8], sys.byteorder)

@@ -1,5 +1,5 @@
-"""A tracer under test, as the benches run it (overhead.py on the host,
-vm_modes.py in the guest): started in its own session, its output drained by
+"""A tracer under test, as the benches run it (bench.overhead on the host,
+bench.vm_modes in the guest): started in its own session, its output drained by
 a thread so a full pipe never stalls it, ready once it has printed its ready
 line and the set of BPF programs it holds has stopped changing."""
 from __future__ import annotations
@@ -23,8 +23,9 @@ class Tool:
     tail = 20               # output lines an error shows
 
     def __init__(self, name: str, cmd: list[str], ready: str, stop_sig: int = signal.SIGTERM,
-                 env: dict | None = None):
+                 env: dict | None = None, cwd: str | os.PathLike | None = None):
         self.name, self.cmd, self.ready, self.stop_sig, self.env = name, cmd, ready, stop_sig, env
+        self.cwd = cwd          # the repository root for a part of bench run by -m
         self.lines: list[str] = []
         self.q: queue.Queue = queue.Queue()
         self.proc: subprocess.Popen | None = None
@@ -42,7 +43,8 @@ class Tool:
     def start(self, timeout: float = 60) -> None:
         self.lines, self.q = [], queue.Queue()
         self.proc = subprocess.Popen(self.cmd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, start_new_session=True, env=self.env)
+                                     text=True, start_new_session=True, env=self.env,
+                                     cwd=self.cwd)
         self.drainer = threading.Thread(target=self._drain, daemon=True)
         self.drainer.start()
         deadline = time.monotonic() + timeout

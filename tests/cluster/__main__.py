@@ -4,7 +4,7 @@ import argparse
 import json
 import sys
 
-from .slurm import Cluster, ClusterError
+from testbed.slurm import Cluster, ClusterError
 
 DEFAULT_RUN_DIR = "/run/tracehound-slurm"
 

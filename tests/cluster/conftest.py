@@ -1,4 +1,4 @@
-"""Cluster tier: a real Slurm cluster on this machine (tests/cluster/slurm.py),
+"""Cluster tier: a real Slurm cluster on this machine (testbed/slurm.py),
 one tracehound agent per simulated node, `tracehound health` as the nodes'
 real HealthCheckProgram. Needs root (namespaces, slurmd's cgroups, BPF).
 
@@ -9,26 +9,20 @@ bridge address is what the fleet's Prometheus (on the host) scrapes. All nodes s
 its /dev/kmsg, so each agent serves one GPU bus id of its own
 (--gpu-bus-ids): a GPU error line naming it is that node's alone.
 """
-import glob
 import os
 import secrets
 import shutil
-import subprocess
 import tempfile
-import time
 
 import pytest
 
-from tests import prometheus_server
-from tests.conftest import tracehound_cmd
-from tests.cluster.slurm import Cluster
-from tests.kernel.test_fleet import stop as stop_process
+from testbed import prometheus as prometheus_server
+from testbed.agents import Agents
+from testbed.cli import tracehound_cmd
+from testbed.slurm import Cluster
 
 NODES = 3
 HEALTH_INTERVAL_S = 2
-# a fatal XID keeps its node unfit this long: long enough for a job to be
-# placed while the node is drained, short enough to see it come back
-FATAL_XID_WINDOW_S = 20
 
 
 def pytest_collection_modifyitems(config, items):
@@ -44,62 +38,6 @@ def pytest_collection_modifyitems(config, items):
             if os.geteuid() != 0:
                 item.add_marker(pytest.mark.skip(
                     reason="needs root: namespaces, slurmd's cgroups, BPF"))
-
-
-class Agents:
-    """One agent per node, started in the node's network namespace."""
-
-    def __init__(self, cluster: Cluster, bus_ids: dict):
-        self.cluster = cluster
-        self.bus_ids = bus_ids
-        self.procs: dict[str, subprocess.Popen] = {}
-
-    def instance(self, node: str) -> str:
-        return f"thtest-{node}"
-
-    def log(self, node: str) -> str:
-        return os.path.join(self.cluster.node_dir(node), "agent.log")
-
-    def start(self, node: str) -> None:
-        out = open(self.log(node), "a")
-        with out:
-            self.procs[node] = subprocess.Popen(
-                ["nsenter", f"--net=/run/netns/{self.cluster.netns(node)}", "--",
-                 *tracehound_cmd(), "run", "--listen", "0.0.0.0:9560",
-                 "--instance", self.instance(node), "--gpu-bus-ids", self.bus_ids[node],
-                 "--gpu-fatal-xid-window", str(FATAL_XID_WINDOW_S),
-                 # the nodes share this kernel: each agent exports its slurmd's jobs only
-                 "--cgroup-key", "freezer", "--cgroup-scope", f"/slurm_{node}"],
-                stdout=out, stderr=subprocess.STDOUT)
-
-    def wait_started(self, node: str, since: int = 0) -> None:
-        deadline = time.monotonic() + 90
-        text = ""
-        while time.monotonic() < deadline:
-            with open(self.log(node)) as f:
-                text = f.read()[since:]
-            if "tracehound: gpu:" in text:      # the last start-up line
-                return
-            if self.procs[node].poll() is not None:
-                break
-            time.sleep(0.2)
-        pytest.fail(f"agent of {node} did not start:\n{text}")
-
-    def restart(self, node: str) -> None:
-        since = os.path.getsize(self.log(node))
-        self.start(node)
-        self.wait_started(node, since)
-
-    def stop(self, node: str) -> None:
-        stop_process(self.procs.get(node))
-
-    def forget(self) -> None:
-        """Their lock files and state directories end with the session."""
-        for node in self.bus_ids:
-            name = self.instance(node)
-            for path in glob.glob(f"/run/tracehound/{name}.lock"):
-                os.unlink(path)
-            shutil.rmtree(f"/var/lib/tracehound/instances/{name}", ignore_errors=True)
 
 
 def write_health_program(run_dir: str) -> str:

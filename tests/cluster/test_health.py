@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests.cluster.slurm import ClusterError
+from testbed.slurm import ClusterError
 from tests.kernel.test_gpu_kmsg import driver_form, write_kmsg
 
 REASON_PREFIX = "tracehound:"
@@ -137,8 +137,8 @@ def test_the_breaker_bounds_drains_when_every_node_fails(cluster):
 
 def test_a_cluster_leaves_nothing_behind(tmp_path):
     """Up and down a second, one-node cluster beside the session's."""
-    from tests.cluster import network
-    from tests.cluster.slurm import Cluster
+    from testbed import network
+    from testbed.slurm import Cluster
     run_dir = str(tmp_path / "run")
     c = Cluster(run_dir, nodes=1, prefix=f"t{os.getpid() % 10000}x")
     c.up(timeout=60)

@@ -18,6 +18,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from tracehound.host.mounts import MountTable
 
+from testbed.cgroups import exec_in_cgroup, remove_cgroup  # noqa: F401  (tests import them here)
 from tests.conftest import ROOT, tracehound_cmd
 
 WORKER = os.path.join(os.path.dirname(__file__), "worker.py")
@@ -164,18 +165,6 @@ def cgroup(cgroup_root):
     remove_cgroup(path)
 
 
-def remove_cgroup(path: str, tries: int = 50) -> None:
-    """rmdir a cgroup, waiting for its last processes to be reaped."""
-    for _ in range(tries):
-        try:
-            os.rmdir(path)
-            return
-        except FileNotFoundError:
-            return
-        except OSError:
-            time.sleep(0.1)
-
-
 @pytest.fixture(scope="session")
 def tmpfs():
     d = tempfile.mkdtemp(prefix="thtest-tmpfs-")
@@ -220,13 +209,6 @@ def run_in_cgroup(cgroup_root: str, cgroup: str, plan: list) -> list:
                          capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     return json.loads(out.stdout)
-
-
-def exec_in_cgroup(cgroup_root: str, cgroup: str, argv: list[str]) -> subprocess.CompletedProcess:
-    """exec an arbitrary program inside the cgroup (via a shell that joins it first)."""
-    procs = cgroup_root + cgroup + "/cgroup.procs"
-    return subprocess.run(["sh", "-c", 'echo $$ > "$0" && exec "$@"', procs, *argv],
-                          capture_output=True, text=True, timeout=300)
 
 
 def series(metrics: dict, name: str, **labels) -> float:

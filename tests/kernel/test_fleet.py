@@ -13,7 +13,6 @@ import glob
 import json
 import os
 import shutil
-import signal
 import subprocess
 import tempfile
 import time
@@ -25,7 +24,9 @@ from dataclasses import dataclass
 import pytest
 import yaml
 
-from tests import prometheus_server, tls_files
+from testbed import prometheus as prometheus_server
+from testbed.agents import stop
+from tests import tls_files
 from tests.conftest import ROOT, tracehound_cmd
 from tests.kernel.conftest import require_tools, run_in_cgroup
 from tracehound.chaos.scaffold import start_writer, stop_workload
@@ -110,17 +111,6 @@ def start_agent(node: Node, hook_mode: str, pod_logs: str, config: str) -> None:
             break
         time.sleep(0.2)
     pytest.fail(f"agent of {node.name} did not start:\n{text}")
-
-
-def stop(proc: subprocess.Popen) -> None:
-    if proc is None or proc.poll() is not None:
-        return
-    proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=20)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
 
 
 def write_pod_logs(base: str) -> str:

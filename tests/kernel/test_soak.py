@@ -3,7 +3,7 @@ and going and a CPU load run under an agent whose stall rule is at its most
 eager (--stall-after 5 over every /thsoak cgroup), and not one event comes
 out. bench/soak.py runs the same mix for ten minutes."""
 from tests.kernel.conftest import require_tools, start_agent, stop_agent
-from tests.kernel.soak_mix import AGENT_FLAGS, SoakMix, watch_events
+from testbed.soak_mix import AGENT_FLAGS, SoakMix, watch_events
 
 SOAK_S = 60
 WARMUP_S = 5

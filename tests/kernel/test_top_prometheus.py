@@ -12,7 +12,7 @@ import uuid
 
 import pytest
 
-from tests import prometheus_server
+from testbed import prometheus as prometheus_server
 from tests.conftest import tracehound_cmd
 from tests.kernel.conftest import mount_of, remove_cgroup, run_in_cgroup, series
 from tests.kernel.test_pressure import wait_for as wait_until

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from tests import prometheus_server
+from testbed import prometheus as prometheus_server
 from tracehound.chaos import detection as detect, metrics
 from tracehound.chaos.faults import Detection
 from tracehound.clients.prometheus import wait_for

@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from tests import prometheus_server
+from testbed import prometheus as prometheus_server
 from tracehound.clients import prometheus as fleet_prometheus
 from tracehound.clients.prometheus import (
     DetectionTimeout,

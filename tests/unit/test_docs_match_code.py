@@ -23,7 +23,7 @@ FOREIGN = {
     "slurm's configure": {"--enable-multiple-slurmd"},
     "dcgmi": {"--inject"},
 }
-SCRIPTS = ("scripts/install", "scripts/gpu-check", "scripts/build-image", "bench/scrape.py")
+SCRIPTS = ("scripts/install", "scripts/gpu-check", "scripts/build-image", "bench/scrape/__main__.py")
 
 
 def cli_flags() -> set[str]:

@@ -1,5 +1,5 @@
-"""scripts/gpu-check and its driver (bench/gpu_check.py, gpu_smi.py,
-gpu_faults.py, gpu_report.py), where no GPU is:
+"""scripts/gpu-check and its driver (bench/gpu: __main__.py, smi.py,
+faults.py, report.py), where no GPU is:
 the nvidia-smi XML parser, the comparison with what the GPU collector
 really exports (wired as the agent wires it, over the NVML test double),
 the report, the choices made for the faults, and the script's no-GPU exit."""
@@ -16,6 +16,12 @@ from pathlib import Path
 import pytest
 from prometheus_client import CollectorRegistry, generate_latest
 
+# the driver's entry, imported as a module: only `python -m bench.gpu` runs it
+import bench.gpu.__main__ as gpu_check
+from bench.gpu import faults as gpu_faults
+from bench.gpu import report as gpu_report
+from bench.gpu import smi as gpu_smi
+
 from . import fake_nvml as fn
 from .fake_nvml import FakeGpu, FakeNvml
 from .gpu_helpers import make_collector
@@ -24,14 +30,6 @@ ROOT = Path(__file__).resolve().parents[2]
 FIXTURE = Path(__file__).parent / "fixtures" / "nvidia-smi-q-x-h100.xml"
 UUID = "GPU-8a3c2f5e-1d47-4b0e-9c61-7f2e0d9ab412"
 MIB = 1 << 20
-
-# bench/'s modules import one another by name, as when run from there; last
-# on the path, so nothing installed is shadowed by them
-sys.path.append(str(ROOT / "bench"))
-import gpu_check  # noqa: E402
-import gpu_faults  # noqa: E402
-import gpu_report  # noqa: E402
-import gpu_smi  # noqa: E402
 
 
 def smi():

@@ -17,7 +17,7 @@ import os
 import pytest
 from prometheus_client import CollectorRegistry
 
-from tests import prometheus_server
+from testbed import prometheus as prometheus_server
 from tests.unit.test_exposition_unchanged import (HERE, LEFT_OUT, NEW_FAMILIES, comparable,
                                                    retire_removed,
                                                    started_subsystems)

@@ -10,7 +10,8 @@ import pytest
 from prometheus_client import CollectorRegistry
 from prometheus_client.core import GaugeMetricFamily
 
-from tests import prometheus_server, tls_files
+from testbed import prometheus as prometheus_server
+from tests import tls_files
 from tests.tls_files import HASH, PASSWORD
 from tracehound.exporter.server import Exporter
 from tracehound.exporter.webconfig import load

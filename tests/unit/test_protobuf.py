@@ -1,6 +1,6 @@
 """The hand-written protobuf encoder, read back by the reference protobuf
 runtime through client_model's metrics.proto, built from a descriptor in
-tests/metrics_proto.py."""
+testbed/metrics_proto.py."""
 import importlib.util
 import math
 import sys
@@ -16,7 +16,7 @@ from prometheus_client.samples import Timestamp
 
 from tracehound.exporter import protobuf
 
-from tests.metrics_proto import message_classes, read_varint
+from testbed.metrics_proto import message_classes, read_varint
 
 MetricFamily = message_classes()["MetricFamily"]
 

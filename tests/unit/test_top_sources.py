@@ -13,7 +13,7 @@ import urllib.parse
 import pytest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from tests import prometheus_server
+from testbed import prometheus as prometheus_server
 from tracehound import cli
 from tracehound.collectors.io import OPS
 from tracehound.clients import prometheus as promql

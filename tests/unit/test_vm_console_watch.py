@@ -1,14 +1,15 @@
 """The VM tier's watch on the guest console: an oops ends a boot at once and
-the boot is made again, once (tests/vm/console_watch.py, scenarios.run_scenarios)."""
+the boot is made again, once (testbed/console_watch.py, scenarios.run_scenarios)."""
 import sys
 from pathlib import Path
 
 import pytest
 
+from testbed import vm as harness
+from testbed.console_watch import ConsoleWatch
+
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "vm"))
-import harness  # noqa: E402
 import scenarios  # noqa: E402
-from console_watch import ConsoleWatch  # noqa: E402
 
 OOPS = b"[  136.956944] BUG: kernel NULL pointer dereference, address: 0000000000000000\n"
 

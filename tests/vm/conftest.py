@@ -13,9 +13,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import harness  # noqa: E402
 import scenarios  # noqa: E402
 
+from testbed import vm as harness  # noqa: E402
 from tests import suite_report  # noqa: E402
 
 SCENARIOS = pytest.StashKey[list]()

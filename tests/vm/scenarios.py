@@ -1,6 +1,6 @@
 """The VM tier's scenarios: guest programs run in one boot, in lanes side by
 side, each with its own results directory and exit status, and the checks
-they write (checks.json). harness.py boots the guest."""
+they write (checks.json). testbed/vm.py boots the guest."""
 from __future__ import annotations
 
 import dataclasses
@@ -12,8 +12,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Optional
 
-import harness
-from harness import VmBootError, VmGuestOops, VmResult, read_or_empty
+from testbed import vm as harness
+from testbed.vm import VmBootError, VmGuestOops, VmResult, read_or_empty
 
 
 @dataclass(frozen=True)

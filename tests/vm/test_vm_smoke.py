@@ -10,8 +10,9 @@ from pathlib import Path
 
 import pytest
 
-import harness
 import scenarios
+
+from testbed import vm as harness
 
 pytestmark = pytest.mark.vm
 

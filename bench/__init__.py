@@ -1,0 +1,1 @@
+"""Benchmarks of tracehound, one package per benchmark: python -m bench.NAME."""

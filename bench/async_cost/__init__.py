@@ -1,0 +1,1 @@
+"""What counting io_uring, AIO and copies costs: python -m bench.async_cost."""

@@ -1,0 +1,1 @@
+"""How fast tracehound sees each fault of the chaos catalog: python -m bench.detection."""

@@ -1,0 +1,1 @@
+"""explain on a healthy fleet, then faults: python -m bench.explain."""

@@ -1,0 +1,1 @@
+"""Chaos tolerances' JSON paths, chaos/jsonpath.py against jsonpath-ng: python -m bench.jsonpath."""

@@ -1,0 +1,1 @@
+"""The protobuf exposition, two encoders: python -m bench.protobuf_encoding."""

@@ -1,0 +1,1 @@
+"""False alarms on a busy, healthy node: python -m bench.soak."""

@@ -1,0 +1,86 @@
+"""One tracehound agent per node of the Slurm cluster (testbed/slurm.py), each
+started in its node's network namespace, as the cluster test tier and
+bench/explain run them."""
+import glob
+import os
+import shutil
+import signal
+import subprocess
+import time
+
+import pytest
+
+from testbed.cli import tracehound_cmd
+from testbed.slurm import Cluster
+
+# a fatal XID keeps its node unfit this long: long enough for a job to be
+# placed while the node is drained, short enough to see it come back
+FATAL_XID_WINDOW_S = 20
+
+
+def stop(proc: subprocess.Popen) -> None:
+    """TERM, then KILL after 20 s; a process already gone (or None) is left be."""
+    if proc is None or proc.poll() is not None:
+        return
+    proc.send_signal(signal.SIGTERM)
+    try:
+        proc.wait(timeout=20)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+class Agents:
+    """One agent per node, started in the node's network namespace."""
+
+    def __init__(self, cluster: Cluster, bus_ids: dict):
+        self.cluster = cluster
+        self.bus_ids = bus_ids
+        self.procs: dict[str, subprocess.Popen] = {}
+
+    def instance(self, node: str) -> str:
+        return f"thtest-{node}"
+
+    def log(self, node: str) -> str:
+        return os.path.join(self.cluster.node_dir(node), "agent.log")
+
+    def start(self, node: str) -> None:
+        out = open(self.log(node), "a")
+        with out:
+            self.procs[node] = subprocess.Popen(
+                ["nsenter", f"--net=/run/netns/{self.cluster.netns(node)}", "--",
+                 *tracehound_cmd(), "run", "--listen", "0.0.0.0:9560",
+                 "--instance", self.instance(node), "--gpu-bus-ids", self.bus_ids[node],
+                 "--gpu-fatal-xid-window", str(FATAL_XID_WINDOW_S),
+                 # the nodes share this kernel: each agent exports its slurmd's jobs only
+                 "--cgroup-key", "freezer", "--cgroup-scope", f"/slurm_{node}"],
+                stdout=out, stderr=subprocess.STDOUT)
+
+    def wait_started(self, node: str, since: int = 0) -> None:
+        deadline = time.monotonic() + 90
+        text = ""
+        while time.monotonic() < deadline:
+            with open(self.log(node)) as f:
+                text = f.read()[since:]
+            if "tracehound: gpu:" in text:      # the last start-up line
+                return
+            if self.procs[node].poll() is not None:
+                break
+            time.sleep(0.2)
+        pytest.fail(f"agent of {node} did not start:\n{text}")
+
+    def restart(self, node: str) -> None:
+        since = os.path.getsize(self.log(node))
+        self.start(node)
+        self.wait_started(node, since)
+
+    def stop(self, node: str) -> None:
+        stop(self.procs.get(node))
+
+    def forget(self) -> None:
+        """Their lock files and state directories end with the session."""
+        for node in self.bus_ids:
+            name = self.instance(node)
+            for path in glob.glob(f"/run/tracehound/{name}.lock"):
+                os.unlink(path)
+            shutil.rmtree(f"/var/lib/tracehound/instances/{name}", ignore_errors=True)
