@@ -3,10 +3,12 @@
   bench/run list                 each benchmark: what it measures, what it needs, its report
   bench/run status               each report's commit and date as stamped in it, against HEAD
   bench/run NAME [ARGS...]       one benchmark, ARGS passed on (its own --help says which)
-  bench/run all [--skip A,B]     every benchmark this machine can run, one after the other, at
-                                 one commit (refused with uncommitted changes); writes
-                                 bench/report/run.md and run.json: what ran, for how long,
-                                 what did not and why
+  bench/run all [--skip A,B] [--only A,B]
+                                 every benchmark this machine can run (or those named), one
+                                 after the other, at one commit (refused with uncommitted
+                                 changes); writes bench/report/run.md and run.json: what ran,
+                                 for how long, what did not and why; a part run at the same
+                                 commit as the last adds to their list
 
 bench/run is `python -m bench` from the repository root, with the tree's .venv/bin/python
 where there is one; run it as root. A benchmark runs there as `python -m bench.FOLDER` (its
@@ -71,7 +73,7 @@ BENCHMARKS = (
               "what counting io_uring, AIO and copies costs"),
     Benchmark("uprobe-cost", "uprobe_cost", ("uprobe-cost",), ("root",),
               "the application view's uprobes on a verb, natively"),
-    Benchmark("detection", "detection", ("detection",), ("root", "stress-ng"),
+    Benchmark("detection", "detection", ("detection",), ("root", "stress-ng", "prometheus"),
               "how fast tracehound sees each fault of the chaos catalog (MTTD)"),
     Benchmark("soak", "soak", ("soak",), ("root",),
               "false alarms on a busy, healthy node"),
@@ -161,7 +163,11 @@ def status() -> int:
     return 0
 
 
-def run_all(skip: set[str]) -> int:
+def run_all(skip: set[str], only: set[str] | None = None) -> int:
+    """Every benchmark this machine can run (those of ONLY, when given), one
+    after the other. run.json and run.md list them; a run at the same commit
+    as the last one adds to its list, so that a full set can be measured in
+    parts, each at that one commit."""
     head = commit()
     if "uncommitted" in head or head.startswith("unknown"):
         print(f"bench/run all: the tree is at {head}; commit first, so that every report "
@@ -169,6 +175,8 @@ def run_all(skip: set[str]) -> int:
         return 2
     results, failed = [], 0
     for bench in BENCHMARKS:
+        if only is not None and bench.name not in only:
+            continue
         why = "skipped (--skip)" if bench.name in skip else \
             next((w for w in map(missing, bench.needs) if w), None)
         if why:
@@ -176,22 +184,33 @@ def run_all(skip: set[str]) -> int:
             results.append({"name": bench.name, "ran": False, "why": why})
             continue
         log(f"{bench.name}: running python -m bench.{bench.script}")
-        started = time.monotonic()
+        started, date = time.monotonic(), stamp()["date"]
         rc = run_one(bench, [])
         seconds = round(time.monotonic() - started, 1)
         failed += rc != 0
         log(f"{bench.name}: exit {rc} after {seconds} s")
         results.append({"name": bench.name, "ran": True, "rc": rc, "seconds": seconds,
-                        "reports": list(bench.reports)})
+                        "started": date, "reports": list(bench.reports)})
     run = {"stamp": stamp(), "benchmarks": results}
     REPORT.mkdir(parents=True, exist_ok=True)
+    try:
+        last = json.loads((REPORT / "run.json").read_text())
+    except (OSError, ValueError):
+        last = {}
+    if last.get("stamp", {}).get("commit") == run["stamp"]["commit"]:
+        now = {r["name"] for r in results}
+        run["benchmarks"] = [r for r in last["benchmarks"] if r["name"] not in now] + results
+        order = {b.name: i for i, b in enumerate(BENCHMARKS)}
+        run["benchmarks"].sort(key=lambda r: order.get(r["name"], len(order)))
     (REPORT / "run.json").write_text(json.dumps(run, indent=2) + "\n")
+    ran = [r for r in run["benchmarks"] if r["ran"]]
     lines = [f"# bench/run all at {run['stamp']['commit']}", "",
-             f"{run['stamp']['machine']}; started {run['stamp']['date']}.", "",
-             "| benchmark | result | seconds |", "|---|---|---:|"]
-    for r in results:
-        lines.append(f"| {r['name']} | " + (f"exit {r['rc']} | {r['seconds']}" if r["ran"]
-                                            else f"not run: {r['why']} | ") + " |")
+             f"{run['stamp']['machine']}; last part started {run['stamp']['date']}; "
+             f"{sum(r['seconds'] for r in ran) / 60:.0f} min of benchmarks in all.", "",
+             "| benchmark | result | seconds | started |", "|---|---|---:|---|"]
+    for r in run["benchmarks"]:
+        lines.append(f"| {r['name']} | " + (f"exit {r['rc']} | {r['seconds']} | {r.get('started', '')}"
+                                            if r["ran"] else f"not run: {r['why']} | | ") + " |")
     (REPORT / "run.md").write_text("\n".join(lines) + "\n")
     return 1 if failed else 0
 
@@ -208,17 +227,19 @@ def main(argv: list[str]) -> int:
     if what == "status":
         return status()
     if what == "all":
-        skip = set()
-        if rest[:1] == ["--skip"] and len(rest) == 2:
-            skip = set(rest[1].split(","))
-        elif rest:
-            print("bench/run all takes only --skip NAME,NAME", file=sys.stderr)
+        opts: dict[str, set[str]] = {}
+        while rest[:1] in (["--skip"], ["--only"]) and len(rest) >= 2:
+            opts[rest[0]] = set(rest[1].split(","))
+            rest = rest[2:]
+        if rest:
+            print("bench/run all takes only --skip NAME,NAME and --only NAME,NAME",
+                  file=sys.stderr)
             return 2
-        unknown = skip - set(BY_NAME)
+        unknown = set().union(*opts.values()) - set(BY_NAME)
         if unknown:
             print(f"bench/run: no benchmark named {', '.join(sorted(unknown))}", file=sys.stderr)
             return 2
-        return run_all(skip)
+        return run_all(opts.get("--skip", set()), opts.get("--only"))
     bench = BY_NAME.get(what)
     if bench is None:
         print(f"bench/run: no benchmark named {what!r}; bench/run list names them",

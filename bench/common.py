@@ -55,12 +55,15 @@ def loadavg() -> list[str]:
 
 
 def commit(tree: Path | str = REPO, paths: tuple[str, ...] = ()) -> str:
-    """TREE's commit, marked when it has uncommitted changes (in PATHS only,
-    when given); "unknown (...)" for a tree that is no git checkout. The
-    reports themselves do not count: a run of several benchmarks rewrites
-    them as it goes, and each is still of the same code."""
+    """The commit of TREE's code, marked when it has uncommitted changes (in
+    PATHS only, when given); "unknown (...)" for a tree that is no git
+    checkout. The reports themselves do not count, committed or not: a run
+    of several benchmarks rewrites them as it goes, and a commit of only
+    reports leaves the code where it was, so every report measured at that
+    code names the same commit."""
     try:
-        sha = sh(["git", "-C", tree, "rev-parse", "--short=12", "HEAD"]).strip()
+        sha = sh(["git", "-C", tree, "log", "-1", "--format=%h", "--abbrev=12", "--", ".",
+                  ":(exclude)bench/report"]).strip()
         # no optional locks: reading the tree's state must not rewrite its index
         dirty = sh(["git", "--no-optional-locks", "-C", tree, "status", "--porcelain",
                     "--untracked-files=no", "--", *(paths or (".",)),
