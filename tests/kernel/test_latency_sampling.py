@@ -82,11 +82,13 @@ def test_every_call_is_timed_when_asked(hook_mode, cgroup_root, cgroup, tmpfs):
 
 
 # A loop of page-cache reads, each after twenty reads of a pipe the loop
-# fills itself: reads the probe sees start and does not count (a pipe is on
-# no counted mount). In syscall mode they pass the sampler too. Were their
-# share of the weights handed to the file's timed reads, the file's count
-# would still be right on average, but scattered above and below its
-# requests; given back, it is never above them.
+# fills itself: reads the probe sees and does not count (a pipe is on no
+# counted mount). Only the counted ones reach the sampler, so the file's
+# timed reads stand for the file's reads: its count is its requests, less
+# the untimed tail of the last interval, give or take the few calls of the
+# interpreter's own start (its modules, on another mount) the first timed
+# read stands for. Had the pipe's reads a share of the weights, the count
+# would scatter by several percent around the requests.
 PIPE_AND_FILE = """
 import os, sys
 fd = os.open(sys.argv[1], os.O_RDONLY)
@@ -99,14 +101,14 @@ for i in range(int(sys.argv[2])):
 """
 
 
-def test_reads_the_probe_does_not_count_never_add_to_the_histogram(agent, cgroup_root, cgroup,
-                                                                    tmpfs):
+def test_reads_the_probe_does_not_count_take_no_share_of_the_histogram(agent, cgroup_root, cgroup,
+                                                                      tmpfs):
     path = os.path.join(tmpfs, "beside-a-pipe")
     with open(path, "wb") as f:
         f.write(os.urandom(MiB))
     loops, counts = 20_000, []
-    # four runs, each in a cgroup of its own: a count scattered around its
-    # requests would be above them in one of four with odds of 15 in 16
+    # four runs, each in a cgroup of its own: a count that scatters by
+    # percents would leave the band in one of them at least
     for n in range(4):
         rel = f"{cgroup}/beside-a-pipe-{n}"
         os.makedirs(cgroup_root + rel)
@@ -118,9 +120,5 @@ def test_reads_the_probe_does_not_count_never_add_to_the_histogram(agent, cgroup
         finally:
             remove_cgroup(cgroup_root + rel)
     for requests, counted in counts:
-        # (the interpreter's own reads at start-up are on the root file system)
         assert requests == loops
-        # never above; below by the untimed tail of each CPU's last interval
-        # and by what each switch to another task's reads cut short: on a
-        # machine busy with other work, up to a quarter was measured
-        assert loops / 2 <= counted <= loops, counts
+        assert abs(counted - loops) <= loops / 100, counts

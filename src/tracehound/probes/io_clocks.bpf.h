@@ -14,7 +14,12 @@ struct clock {
 	long id;       /* syscall number, or op for VFS calls */
 	__u32 weight;  /* the calls a timed one stands for (io_sample.bpf.h) */
 	__u32 op;      /* its kind, whose sampler picked it */
+	int mnt;       /* its file's mount, found at entry; < 0: not counted */
+	__u32 pad;
 };
+
+/* what clock_stop says of the mount when it found no start of the call */
+#define MNT_UNKNOWN (-2)
 
 /* ts of a call in flight that is not timed: exit then knows it has no start
  * to look for elsewhere (no clock reads 1 ns after boot) */
@@ -48,26 +53,29 @@ static __always_inline struct clock *clock_slot(__u32 user)
 	return bpf_map_lookup_elem(&clocks, &key);
 }
 
-static __always_inline void clock_start(__u32 user, long id, __u32 op)
+/* The start of a call of `op` on a file of mount `mnt` (< 0: a file the
+ * probe does not count, a pipe or a socket: no clock, and the sampler never
+ * sees it, so its weights count only calls that are counted). */
+static __always_inline void clock_start(__u32 user, long id, __u32 op, int mnt)
 {
 	struct clock *c = clock_slot(user);
-	__u32 weight;
-	__u64 ts = sample_start(op, &weight);
+	__u32 weight = 0;
+	__u64 ts = mnt >= 0 ? sample_start(op, &weight) : 0;
 
 	if (!c)
 		return;
 	c->id = id;
 	c->op = op;
+	c->mnt = mnt;
 	c->ts = ts ? ts : CLOCK_UNTIMED;
 	c->weight = weight;
 }
 
 /* ns since this call's clock_start, or 0 when it has none (not sampled, or
  * it began before the probe was attached); *weight: the calls it stands for;
- * *here: the call started on this CPU and was never switched out, so this
- * CPU's sampler picked it (and can take its share back: sample_giveback) */
+ * *mnt: its file's mount as found at its start, MNT_UNKNOWN without one */
 static __always_inline __u64 clock_stop(__u32 user, struct task_struct *task, long id,
-					__u32 *weight, bool *here)
+					__u32 *weight, int *mnt)
 {
 	struct clock *c = clock_slot(user);
 	struct moved_clocks *moved;
@@ -77,7 +85,7 @@ static __always_inline __u64 clock_stop(__u32 user, struct task_struct *task, lo
 		return 0;
 	if (c->ts) {
 		if (c->id == id) {
-			*here = true;
+			*mnt = c->mnt;
 			if (c->ts != CLOCK_UNTIMED) {
 				ts = c->ts;
 				*weight = c->weight;
@@ -89,6 +97,7 @@ static __always_inline __u64 clock_stop(__u32 user, struct task_struct *task, lo
 		if (moved && moved->c[user].ts && moved->c[user].id == id) {
 			ts = moved->c[user].ts;
 			*weight = moved->c[user].weight;
+			*mnt = moved->c[user].mnt;
 			moved->c[user].ts = 0;
 		}
 	}
@@ -103,11 +112,11 @@ static __always_inline void move_clock(__u32 user, struct task_struct *prev)
 	if (!c || !c->ts || user >= CLOCKS)
 		return;
 	if (c->ts == CLOCK_UNTIMED) {
-		/* nothing to carry: exit counts it untimed. Whether it is counted
-		 * at all is known only there, on whatever CPU, so its place among
-		 * the calls since this CPU's last timed one goes back now: a
-		 * weight never stands for a call the probe may not count. */
-		sample_giveback(c->op, 0);
+		/* nothing to carry: exit finds its mount again and counts it
+		 * untimed, on whatever CPU; its place among the calls since this
+		 * CPU's last timed one goes back now */
+		if (c->mnt >= 0)
+			sample_giveback(c->op);
 		c->ts = 0;
 		return;
 	}

@@ -23,10 +23,10 @@
  * calls. While calls keep coming fast a new tick changes nothing, so the
  * call after each timer interrupt is not timed more often than others. The
  * weights add up to the calls, less the untimed ones a fall in rate or a new
- * task cut short (at most one interval each), and never more: a call that
- * turns out not to be counted (its file on no mount the probe counts) gives
- * its share back (sample_giveback), and so does an untimed call switched out
- * in its middle, whose end this CPU may not see. */
+ * task cut short (at most one interval each), and never more: only calls
+ * the probe counts reach the sampler (their file's mount is known at entry,
+ * io_clocks.bpf.h), and an untimed call switched out in its middle, whose
+ * end this CPU may not see, gives its place back (sample_giveback). */
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -81,23 +81,15 @@ static __always_inline __u32 sample_pick(struct io_sampler *s)
 	return weight;
 }
 
-/* A call sample_pick saw (with `weight`, 0 when untimed) that is not counted
- * after all, on the CPU that picked it: its share goes back, so that the
- * weights of the calls that are counted add up to those calls. An untimed
- * one leaves the count of calls since the last timed one; a timed one hands
- * the calls it stood for, but itself, to the next timed call. */
-static __always_inline void sample_giveback(__u32 op, __u32 weight)
+/* An untimed call sample_pick counted among the calls since the last timed
+ * one, on this CPU, whose end this CPU may not see: its place goes back, so
+ * that no weight stands for it (it is counted at its end, untimed). */
+static __always_inline void sample_giveback(__u32 op)
 {
 	struct io_sampler *s = sampler_of(op);
 
-	if (!settings.sample_gap_ns || !s)
-		return;
-	if (!weight) {
-		if (s->since)
-			s->since--;
-	} else {
-		s->since += weight - 1;
-	}
+	if (settings.sample_gap_ns && s && s->since)
+		s->since--;
 }
 
 /* At a timed call's start (`now`, `weight` its calls): the next interval. */

@@ -62,8 +62,10 @@ int BPF_PROG(tp_sys_enter, struct pt_regs *regs, long id)
 {
 	int op = syscall_op(id);
 
+	/* timed ops are read, write and fsync: each names its file by fd */
 	if (tp_counts(op) && timed(op))
-		clock_start(CLOCK_SYSCALL, id, op);
+		clock_start(CLOCK_SYSCALL, id, op,
+			    fd_mount(bpf_get_current_task_btf(), ((struct pt_regs___th *)regs)->di));
 	return 0;
 }
 
@@ -118,7 +120,6 @@ int BPF_PROG(tp_sys_exit, struct pt_regs *regs, long ret)
 	struct task_struct *task;
 	__u64 delta = 0;
 	__u32 weight = 0;
-	bool here = false;
 
 	if (!tp_counts(op)) {
 		if (op < 0 && (settings.tp_ops & (TP_COPY | TP_AIO)))
@@ -128,11 +129,11 @@ int BPF_PROG(tp_sys_exit, struct pt_regs *regs, long ret)
 	task = bpf_get_current_task_btf();
 	switch (op) {
 	case OP_READ: case OP_WRITE: case OP_FSYNC:
-		if (timed(op))
-			delta = clock_stop(CLOCK_SYSCALL, task, id, &weight, &here);
-		mnt = fd_mount(task, r->di);
-		if (mnt < 0 && here)   /* a pipe, a socket, a skipped file system */
-			sample_giveback(op, weight);
+		mnt = MNT_UNKNOWN;
+		if (timed(op))   /* the mount its entry found, where it saw the call */
+			delta = clock_stop(CLOCK_SYSCALL, task, id, &weight, &mnt);
+		if (mnt == MNT_UNKNOWN)
+			mnt = fd_mount(task, r->di);
 		break;
 	case OP_OPEN:
 		tp_open_exit(task, id, r, ret);

@@ -27,14 +27,13 @@ static __always_inline void fx_file(__u32 op, struct file *f, long ret)
 {
 	struct task_struct *task = bpf_get_current_task_btf();
 	__u32 weight = 0;
-	bool here = false;
-	__u64 delta = timed(op) ? clock_stop(CLOCK_VFS, task, op, &weight, &here) : 0;
-	int mnt = mount_id_typed(f->f_path.mnt);
+	int mnt = MNT_UNKNOWN;
+	__u64 delta = timed(op) ? clock_stop(CLOCK_VFS, task, op, &weight, &mnt) : 0;
 
+	if (mnt == MNT_UNKNOWN)
+		mnt = mount_id_typed(f->f_path.mnt);
 	if (mnt >= 0)
 		account_in(task, mnt, 0, op, ret, delta, weight);
-	else if (here)
-		sample_giveback(op, weight);
 }
 
 static __always_inline void fx_sb(__u32 op, struct super_block *sb, long ret)
@@ -46,7 +45,7 @@ static __always_inline void fx_sb(__u32 op, struct super_block *sb, long ret)
 
 #define FE_FILE(fn, op)							\
 SEC("fentry/" #fn) int BPF_PROG(fe_##fn, struct file *f)		\
-{ clock_start(CLOCK_VFS, op, op); return 0; }
+{ clock_start(CLOCK_VFS, op, op, mount_id_typed(f->f_path.mnt)); return 0; }
 
 FE_FILE(vfs_read, OP_READ)
 FE_FILE(vfs_readv, OP_READ)
