@@ -31,16 +31,15 @@ server (headers only). Nothing here logs a line per request or prints a tracebac
 the debug log, and the client gets a plain-text status.
 
 Why not prometheus_client's own server (start_http_server, a wsgiref
-ThreadingWSGIServer): alone it scrapes as fast (32.9 ms p50 for 1.66 MB,
-against 35.7 ms here), but it gives every connection a thread for as long as the
-client likes. Beside 500 clients that stall it held 503 threads (67 here);
-500 that never read cost it 1.7 GB more memory (20 MB here) and the scrape
-made as they came timed out at 10 s (0.14 s here); 50 that never finish a
-request head were never dropped (all 50 within 12 s here), and when such
-clients go it still renders /metrics for each; one client that never starts
-its TLS handshake stops all of its HTTPS (the handshake runs in its accept
-loop). bench/report/http-server.md, at 1741042c6a7f (with uncommitted
-changes).
+ThreadingWSGIServer): bench.http_server serves one registry through both in
+one run (report and commit: bench/report/http-server.md). Alone it scrapes
+as fast (within a tenth), but it gives every connection a thread for as long
+as the client likes: beside 500 stalled clients it held about 500 threads
+(here about 70, for at most 64 connections), 500 clients that never read
+cost it over a gigabyte more memory (tens of MB here) and a scrape made as
+they came timed out; clients that never finish a request head are never
+dropped, and it renders /metrics for each when they go; and one client that
+never starts its TLS handshake stops all of its HTTPS.
 """
 from __future__ import annotations
 
