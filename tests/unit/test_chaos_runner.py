@@ -212,7 +212,10 @@ def test_a_live_run_is_never_recovered(tmp_path):
 
 def fill_experiment(tmp_path, pause: int) -> str:
     st = os.statvfs(tmp_path)
-    keep = st.f_bavail * st.f_frsize - (1 << 20)
+    # 24 MiB to write (twice that, with a killed run's fill still there, is
+    # under max_bytes): other work writing to the same file system before
+    # the fault starts must not leave it below its target already
+    keep = st.f_bavail * st.f_frsize - (24 << 20)
     return f"""
 title: killed mid-fault
 description: io.fill, then a long wait
