@@ -19,7 +19,9 @@ NETNS = ("thsoak-a", "thsoak-b")
 IFACES = ("thsoak0", "thsoak1")
 ADDRS = ("10.207.0.1/24", "10.207.0.2/24")
 # the agent flags a soak runs under: stall rules at their most eager
-AGENT_FLAGS = ("--stall-after", "5", "--stall-cgroups", "/thsoak/.*")
+# the mix's cgroups are v2 ones: on a hybrid host the agent's own choice is
+# the v1 freezer hierarchy (where Slurm's jobs are), which would see none
+AGENT_FLAGS = ("--stall-after", "5", "--stall-cgroups", "/thsoak/.*", "--cgroup-key", "v2")
 
 
 def _dir(cgroup: str) -> str:

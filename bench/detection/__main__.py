@@ -50,7 +50,10 @@ NOT_RUN = {
                                      "(tests/gpu); seen in tracehound_gpu_power_limit_watts and "
                                      "tracehound_gpu_clock_hertz",
 }
-STALL_FLAGS = ["--stall-after", "5", "--stall-cgroups", "/tracehound-chaos-.*"]
+# the chaos scaffolding's cgroups are v2 ones: on a hybrid host the agent's
+# own choice is the v1 freezer hierarchy (Slurm's), which would see none
+STALL_FLAGS = ["--stall-after", "5", "--stall-cgroups", "/tracehound-chaos-.*",
+               "--cgroup-key", "v2"]
 
 
 def start_prometheus(agent_url: str, interval: float, work: str):

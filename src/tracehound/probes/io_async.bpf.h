@@ -122,7 +122,7 @@ static __always_inline void uring_submitted(void *req)
 
 	if (op < 0 || !timed(op))
 		return;
-	now = sample_start(op, &weight);
+	now = sample_start(op, &weight, bpf_get_current_task());
 	if (!now)
 		return;
 	slot = uring_slot((__u64)req, &tag);

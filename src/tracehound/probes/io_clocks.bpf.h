@@ -53,14 +53,15 @@ static __always_inline struct clock *clock_slot(__u32 user)
 	return bpf_map_lookup_elem(&clocks, &key);
 }
 
-/* The start of a call of `op` on a file of mount `mnt` (< 0: a file the
- * probe does not count, a pipe or a socket: no clock, and the sampler never
- * sees it, so its weights count only calls that are counted). */
-static __always_inline void clock_start(__u32 user, long id, __u32 op, int mnt)
+/* The start of a call of `op` by `task` on a file of mount `mnt` (< 0: a
+ * file the probe does not count, a pipe or a socket: no clock, and the
+ * sampler never sees it, so its weights count only calls that are counted). */
+static __always_inline void clock_start(__u32 user, long id, __u32 op, int mnt,
+					struct task_struct *task)
 {
 	struct clock *c = clock_slot(user);
 	__u32 weight = 0;
-	__u64 ts = mnt >= 0 ? sample_start(op, &weight) : 0;
+	__u64 ts = mnt >= 0 ? sample_start(op, &weight, (__u64)task) : 0;
 
 	if (!c)
 		return;

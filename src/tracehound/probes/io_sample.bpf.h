@@ -43,15 +43,14 @@ static __always_inline struct io_sampler *sampler_of(__u32 op)
 }
 
 /* Whether to time this call, as the weight it will carry (0: not timed). */
-static __always_inline __u32 sample_pick(struct io_sampler *s)
+static __always_inline __u32 sample_pick(struct io_sampler *s, __u64 task)
 {
-	__u64 tick, task;
+	__u64 tick;
 	__u32 weight;
 
 	if (!settings.sample_gap_ns || !s)
 		return 1;
 	tick = bpf_jiffies64();
-	task = bpf_get_current_task();
 	if (task != s->task || tick - s->tick > 1 ||
 	    (tick != s->tick && s->in_tick < s->interval)) {
 		/* the rate fell, or another task calls: timed, standing for
@@ -120,12 +119,12 @@ static __always_inline void sample_next(struct io_sampler *s, __u64 now, __u32 w
 /* A call of `op` starting now: its start time when it is to be timed, with
  * the calls it stands for in *weight; 0 when it is not. The one entry point
  * of every hook that starts a clock. */
-static __always_inline __u64 sample_start(__u32 op, __u32 *weight)
+static __always_inline __u64 sample_start(__u32 op, __u32 *weight, __u64 task)
 {
 	struct io_sampler *s = sampler_of(op);
 	__u64 now;
 
-	*weight = sample_pick(s);
+	*weight = sample_pick(s, task);
 	if (!*weight)
 		return 0;
 	now = bpf_ktime_get_ns();

@@ -61,11 +61,14 @@ SEC("tp_btf/sys_enter")
 int BPF_PROG(tp_sys_enter, struct pt_regs *regs, long id)
 {
 	int op = syscall_op(id);
+	struct task_struct *task;
 
 	/* timed ops are read, write and fsync: each names its file by fd */
-	if (tp_counts(op) && timed(op))
-		clock_start(CLOCK_SYSCALL, id, op,
-			    fd_mount(bpf_get_current_task_btf(), ((struct pt_regs___th *)regs)->di));
+	if (tp_counts(op) && timed(op)) {
+		task = bpf_get_current_task_btf();
+		clock_start(CLOCK_SYSCALL, id, op, fd_mount(task, ((struct pt_regs___th *)regs)->di),
+			    task);
+	}
 	return 0;
 }
 

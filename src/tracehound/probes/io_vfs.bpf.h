@@ -45,7 +45,11 @@ static __always_inline void fx_sb(__u32 op, struct super_block *sb, long ret)
 
 #define FE_FILE(fn, op)							\
 SEC("fentry/" #fn) int BPF_PROG(fe_##fn, struct file *f)		\
-{ clock_start(CLOCK_VFS, op, op, mount_id_typed(f->f_path.mnt)); return 0; }
+{									\
+	clock_start(CLOCK_VFS, op, op, mount_id_typed(f->f_path.mnt),	\
+		    bpf_get_current_task_btf());				\
+	return 0;							\
+}
 
 FE_FILE(vfs_read, OP_READ)
 FE_FILE(vfs_readv, OP_READ)
@@ -131,7 +135,7 @@ static __always_inline void save_start(__u32 op, long mnt, __u32 flags, struct f
 	}
 	s->ts = 0;
 	if (timed(op))
-		s->ts = sample_start(op, &s->weight);
+		s->ts = sample_start(op, &s->weight, bpf_get_current_task());
 	s->mnt = mnt;
 	s->flags = flags;
 	s->op = op;
