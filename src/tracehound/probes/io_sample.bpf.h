@@ -7,8 +7,9 @@
  * weight); when they come slowly every one is (k = 0), so a slow fsync among
  * few is never missed. Bytes, calls and errors are counted for every call.
  *
- * The decision costs a per-CPU count and two cheap helper calls (the tick
- * counter, the current task): no clock, no random number. Each timed call, which reads the
+ * The decision costs a per-CPU count and one cheap helper call (the tick
+ * counter; the caller hands over the task it already fetched): no clock, no
+ * random number. Each timed call, which reads the
  * clock anyway, sets the next interval: k from the rate it measured since
  * the last timed one (about one call per settings.sample_gap_ns is timed),
  * the length drawn from the clock's bits among the odd numbers below
