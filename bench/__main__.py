@@ -158,7 +158,10 @@ def status() -> int:
                 continue
             at = stamped(data, ("commit", "tracehound_commit", "agent_revision")) or "no commit"
             when = stamped(data, ("date", "started", "measured")) or "no date"
-            mark = "" if at.split()[0] == head.split()[0] else "  (another commit)"
+            # stamps abbreviate the hash to different lengths: same commit if one starts the other
+            a, h = at.split()[0] if at.split() else "", head.split()[0]
+            mark = "" if a and (a.startswith(h) or h.startswith(a)) and "uncommitted" not in at \
+                else "  (another commit)"
             print(f"  {report:18} {at:40} {when[:19]}{mark}")
     return 0
 
@@ -205,7 +208,7 @@ def run_all(skip: set[str], only: set[str] | None = None) -> int:
     (REPORT / "run.json").write_text(json.dumps(run, indent=2) + "\n")
     ran = [r for r in run["benchmarks"] if r["ran"]]
     lines = [f"# bench/run all at {run['stamp']['commit']}", "",
-             f"{run['stamp']['machine']}; last part started {run['stamp']['date']}; "
+             f"{run['stamp']['machine']}; list written {run['stamp']['date']}; "
              f"{sum(r['seconds'] for r in ran) / 60:.0f} min of benchmarks in all.", "",
              "| benchmark | result | seconds | started |", "|---|---|---:|---|"]
     for r in run["benchmarks"]:

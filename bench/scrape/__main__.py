@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 from urllib.parse import urlsplit
 
-from bench.common import REPO, REPORT, cpu_model, loadavg, sh, verdict
+from bench.common import REPO, REPORT, commit, cpu_model, loadavg, sh, verdict
 from bench.common import log as log_to
 from bench.scrape.client import TEXT, cpu_seconds, get, memory_kb, scrape_series, size_of
 from bench.scrape.mapfill import Workload, remove_cgroup, unmount_under
@@ -208,12 +208,11 @@ def export(rev: str, dest: Path) -> Path:
     return dest
 
 
-def revision(tree: Path, rev: str = "HEAD") -> str:
+def revision(rev: str) -> str:
     try:
-        return sh(["git", "-C", tree, "describe", "--always", "--dirty"] if rev == "HEAD" else
-                  ["git", "-C", tree, "describe", "--always", rev]).strip()
+        return sh(["git", "-C", REPO, "rev-parse", "--short=12", rev]).strip()
     except subprocess.CalledProcessError:
-        return f"unknown ({tree} is no git checkout)"
+        return f"unknown ({rev} is not a commit of {REPO})"
 
 
 def facts(args) -> dict:
@@ -222,8 +221,9 @@ def facts(args) -> dict:
             "cpu": cpu_model() or "?", "nproc": os.cpu_count(),
             "memory_gib": round(int(mem.group(1)) / 2**20, 1), "kernel": platform.release(),
             "python": platform.python_version(), "agent_tree": str(args.tree),
-            "agent_revision": revision(args.tree),
-            "baseline_revision": None if args.no_baseline else revision(REPO, args.baseline_rev),
+            # the code's commit, as every report stamps it: commits of reports alone do not move it
+            "agent_revision": commit(args.tree),
+            "baseline_revision": None if args.no_baseline else revision(args.baseline_rev),
             "loadavg_start": loadavg()}
 
 

@@ -315,7 +315,7 @@ def markdown(res: dict) -> str:
     L += ["## Workloads", ""] + workload_table(res) + ["",
           "*Real I/O*: one process joins each cgroup in turn and opens, writes 4 KiB, reads it back "
           "(and fsyncs, in every 4th cgroup) a file on each tmpfs, then returns to the parent "
-          "cgroup. *Fill*: bench/scrape/mapfill.py writes the entries into the agent's own io_stats map "
+          "cgroup. *Fill*: bench/scrape/fill.py writes the entries into the agent's own io_stats map "
           "(found through the map fds the agent holds) in that revision's layout. Series of other "
           "processes on the machine are exported too, so *io series exported* is a little more "
           f"than the workload's. Default `--max-series` is {res['default_max_series']:,}"
