@@ -3,6 +3,7 @@ started in its node's network namespace, as the cluster test tier and
 bench/explain run them."""
 import glob
 import os
+import secrets
 import shutil
 import signal
 import subprocess
@@ -37,6 +38,22 @@ class Agents:
         self.cluster = cluster
         self.bus_ids = bus_ids
         self.procs: dict[str, subprocess.Popen] = {}
+
+    @classmethod
+    def with_unseen_gpus(cls, cluster: Cluster) -> "Agents":
+        """Agents whose GPUs sit in a PCI domain no machine has, new for every
+        run: no line an earlier run left in the kernel log names them (an
+        XID 79 would keep a fixed bus id's GPU lost from the start)."""
+        domain = 0x1000 + secrets.randbelow(0xe000)
+        return cls(cluster, {n: f"{domain:04x}:{0x10 * i:02x}:00.0"
+                             for i, n in enumerate(cluster.nodes, 1)})
+
+    def start_all(self, _cluster: Cluster | None = None) -> None:
+        """Every node's agent, then wait for each (a Cluster.up hook)."""
+        for node in self.cluster.nodes:
+            self.start(node)
+        for node in self.cluster.nodes:
+            self.wait_started(node)
 
     def instance(self, node: str) -> str:
         return f"thtest-{node}"

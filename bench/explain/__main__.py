@@ -26,7 +26,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import secrets
 import shutil
 import signal
 import statistics
@@ -35,7 +34,7 @@ import sys
 import tempfile
 import time
 
-from bench.common import REPO, REPORT, machine
+from bench.common import REPORT, commit, machine
 # the fault half runs in this run's cluster: its module has no entry of its own
 from bench.explain.faults import markdown as faults_markdown, run_faults
 from testbed import prometheus as prometheus_server
@@ -286,27 +285,16 @@ def main() -> int:
                     help="the healthy soak only (the faults, bench/explain/faults.py, after it by default)")
     args = ap.parse_args()
     # the tree that runs: stamped before the run, not after it
-    commit = subprocess.run(["git", "-C", REPO, "describe", "--always", "--dirty"],
-                            capture_output=True, text=True).stdout.strip() or "unknown"
+    code = commit()
     # stopped early (Ctrl-C, or TERM from a supervisor): the cluster still goes down
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda n, _f: sys.exit(128 + n))
     run_dir = tempfile.mkdtemp(prefix="thbench-slurm-")
     cluster = Cluster(run_dir, 3, prefix="b")
-    # a PCI domain no machine has, new for every run: an earlier run's XID 79
-    # in the kernel log would keep a fixed bus id's GPU lost from the start
-    domain = 0x1000 + secrets.randbelow(0xe000)
-    agents = Agents(cluster, {n: f"{domain:04x}:{0x10 * i:02x}:00.0"
-                              for i, n in enumerate(cluster.nodes, 1)})
-
-    def start_agents(c):
-        for node in c.nodes:
-            agents.start(node)
-        for node in c.nodes:
-            agents.wait_started(node)
+    agents = Agents.with_unseen_gpus(cluster)
     prom_dir = tempfile.mkdtemp(prefix="thbench-prom-")
     try:
-        cluster.up(before_slurmd=start_agents, timeout=120)
+        cluster.up(before_slurmd=agents.start_all, timeout=120)
         addr = cluster.state["addr_of"]
         config = {"global": {"scrape_interval": f"{args.scrape:g}s"},
                   "scrape_configs": [{"job_name": "tracehound", "static_configs": [
@@ -326,7 +314,7 @@ def main() -> int:
         agents.forget()
         shutil.rmtree(run_dir, ignore_errors=True)
         shutil.rmtree(prom_dir, ignore_errors=True)
-    meta = {"commit": commit, "machine": machine(), "nodes": 3, "scrape_s": args.scrape,
+    meta = {"commit": code, "machine": machine(), "nodes": 3, "scrape_s": args.scrape,
             "seconds": args.seconds, "when": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())}
     s = summary(result)
     os.makedirs(args.out, exist_ok=True)

@@ -9,12 +9,12 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import os
-import subprocess
 import sys
 import xml.etree.ElementTree as ET
 from collections import Counter
 
 from bench.common import REPO, cpu_model
+from bench.common import commit as code_commit
 
 ROOT = str(REPO)
 PACK = os.path.join(ROOT, ".gpucheck")
@@ -143,15 +143,12 @@ def write_report(path: str, text: str) -> None:
 
 
 def commit() -> str:
+    """The code's commit as every report stamps it (bench.common.commit); in
+    a copy of the tree without .git, what --pack recorded."""
+    got = code_commit(ROOT)
+    if not got.startswith("unknown"):
+        return got
     try:
-        sha = subprocess.run(["git", "-C", ROOT, "rev-parse", "--short=12", "HEAD"],
-                             capture_output=True, text=True, timeout=10, check=True).stdout.strip()
-        dirty = subprocess.run(["git", "-C", ROOT, "status", "--porcelain", "--untracked-files=no"],
-                               capture_output=True, text=True, timeout=30).stdout.strip()
-        return sha + (" (with uncommitted changes)" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
-        pass
-    try:        # a copy of the tree without .git: what --pack recorded
         with open(os.path.join(PACK, "COMMIT")) as f:
             return f.read().strip() + " (recorded by --pack)"
     except OSError:

@@ -34,7 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import REPORT, log, verdict
+from bench.common import REPORT, commit, log, verdict
 from bench.vm_modes.ceems import build_ceems, hold
 from bench.vm_modes.common import MODES, REPO, WORKLOADS
 from bench.vm_modes.guest import guest
@@ -94,13 +94,9 @@ def host(args) -> int:
             sys.exit("vm-modes: the guest wrote no results")
         res = json.loads((xdir / "results.json").read_text())
         res["vm"] = vm
-        def git(*a: str) -> str:
-            return subprocess.run(["git", "-C", str(args.tree), *a], capture_output=True,
-                                  text=True).stdout.strip()
         res["host"] = {"kernel": platform.release(), "nproc": os.cpu_count(), "loadavg_start": load_start,
                        "loadavg_end": Path("/proc/loadavg").read_text().split()[:3],
-                       "commit": (git("rev-parse", "--short", "HEAD") or "not a git checkout")
-                       + (" + uncommitted changes in src/" if git("status", "--porcelain", "src") else "")}
+                       "commit": commit(args.tree)}
         for what, msg, ok in write_reports(args.out, res):
             log(f"{verdict(ok)} {what}: {msg}")
         log(f"report in {args.out}/vm-modes.md; VM {vm['total_s'] / 60:.1f} min")

@@ -64,19 +64,9 @@ def slurm_cluster():
     cluster = Cluster(run_dir, NODES, prefix=f"t{token}n",
                       health_program=write_health_program(run_dir),
                       health_interval=HEALTH_INTERVAL_S)
-    # a PCI domain no machine has, new for every session: earlier lines in
-    # the kernel log never name these GPUs
-    domain = 0x1000 + secrets.randbelow(0xe000)
-    agents = Agents(cluster, {n: f"{domain:04x}:{0x10 * i:02x}:00.0"
-                              for i, n in enumerate(cluster.nodes, 1)})
-
-    def start_agents(c):
-        for node in c.nodes:
-            agents.start(node)
-        for node in c.nodes:
-            agents.wait_started(node)
+    agents = Agents.with_unseen_gpus(cluster)
     try:
-        cluster.start_seconds = cluster.up(before_slurmd=start_agents, timeout=90)
+        cluster.start_seconds = cluster.up(before_slurmd=agents.start_all, timeout=90)
         cluster.agents = agents
         yield cluster
     finally:
