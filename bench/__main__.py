@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -119,11 +120,27 @@ def python() -> str:
     return str(venv) if venv.exists() else sys.executable
 
 
-def run_one(bench: Benchmark, extra: list[str]) -> int:
+# a target's line as bench.common.log(verdict(ok) + ...) prints it
+VERDICT_LINE = re.compile(r"^\[\d\d:\d\d:\d\d\] (MET |MISS|n/a ) (.*)$")
+
+
+def run_one(bench: Benchmark, extra: list[str], verdicts: list[str] | None = None) -> int:
+    """Run one benchmark; with VERDICTS, its stdout passes through here and
+    every target line it prints is kept there too."""
     # the benchmark measures this checkout: src/ before the venv's installed copy
     path = os.pathsep.join(p for p in (str(REPO / "src"), os.environ.get("PYTHONPATH")) if p)
-    return subprocess.run([python(), "-m", f"bench.{bench.script}", *bench.args, *extra],
-                          cwd=REPO, env=dict(os.environ, PYTHONPATH=path)).returncode
+    cmd = [python(), "-m", f"bench.{bench.script}", *bench.args, *extra]
+    env = dict(os.environ, PYTHONPATH=path)
+    if verdicts is None:
+        return subprocess.run(cmd, cwd=REPO, env=env).returncode
+    with subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, text=True,
+                          errors="replace", bufsize=1) as proc:
+        for line in proc.stdout:
+            sys.stdout.write(line)
+            sys.stdout.flush()
+            if m := VERDICT_LINE.match(line.rstrip("\n")):
+                verdicts.append(f"{m.group(1).strip()} {m.group(2)}")
+    return proc.returncode
 
 
 def stamped(data, keys: tuple[str, ...]) -> str | None:
@@ -187,13 +204,13 @@ def run_all(skip: set[str], only: set[str] | None = None) -> int:
             results.append({"name": bench.name, "ran": False, "why": why})
             continue
         log(f"{bench.name}: running python -m bench.{bench.script}")
-        started, date = time.monotonic(), stamp()["date"]
-        rc = run_one(bench, [])
+        started, date, verdicts = time.monotonic(), stamp()["date"], []
+        rc = run_one(bench, [], verdicts)
         seconds = round(time.monotonic() - started, 1)
         failed += rc != 0
         log(f"{bench.name}: exit {rc} after {seconds} s")
         results.append({"name": bench.name, "ran": True, "rc": rc, "seconds": seconds,
-                        "started": date, "reports": list(bench.reports)})
+                        "started": date, "reports": list(bench.reports), "targets": verdicts})
     run = {"stamp": stamp(), "benchmarks": results}
     REPORT.mkdir(parents=True, exist_ok=True)
     try:
@@ -214,6 +231,12 @@ def run_all(skip: set[str], only: set[str] | None = None) -> int:
     for r in run["benchmarks"]:
         lines.append(f"| {r['name']} | " + (f"exit {r['rc']} | {r['seconds']} | {r.get('started', '')}"
                                             if r["ran"] else f"not run: {r['why']} | | ") + " |")
+    lines += ["", "## Targets, as each benchmark printed them", "",
+              "MET, MISS, or n/a (not measured in this run); the figures behind each are in its report."]
+    for r in run["benchmarks"]:
+        if r["ran"]:
+            lines += ["", f"**{r['name']}** ({', '.join(f'[{n}]({n}.md)' for n in r['reports'])})", ""]
+            lines += [f"- {t}" for t in r.get("targets", [])] or ["- (no target lines printed)"]
     (REPORT / "run.md").write_text("\n".join(lines) + "\n")
     return 1 if failed else 0
 
