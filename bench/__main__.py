@@ -47,7 +47,7 @@ BENCHMARKS = (
     Benchmark("hotpath-parts", "hotpath_parts", ("hotpath-parts", "hotpath-parts-vm"), ("root",),
               "what each building block of the I/O probe's per-event path costs, on this host "
               "and in the VM tier's guest", ("--with-vm",)),
-    Benchmark("latency-sampling", "latency_sampling", ("latency-sampling",), ("root", "fio"),
+    Benchmark("latency-sampling", "latency_sampling", ("latency-sampling",), ("root", "fio", "bpftool"),
               "sampled latency histograms against timing every call, same calls, p50/p90/p99"),
     Benchmark("accuracy", "accuracy", ("accuracy",), ("root", "fio"),
               "the I/O byte counters over time against fio's own, per phase"),

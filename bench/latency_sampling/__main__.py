@@ -1,7 +1,14 @@
 #!/usr/bin/env python3
 """How close sampled timing (the agent's default, `--latency on`) comes to
-timing every call (`--latency every`). Both agents are attached at once, so
-they time the same calls, and each workload runs in a cgroup of its own:
+timing every call, measured two ways, each workload in a cgroup of its own:
+
+  same calls, same clock: one agent with `--latency audit` keeps both the
+            sampled histogram and the full one of the same calls
+            (testbed/io_audit.py); the targets are judged here
+  side by side: the agent as deployed (`--latency on`) beside one with
+            `--latency every`, attached at once (below)
+
+The workloads:
 
   bimodal   4 KiB page-cache reads (tmpfs) beside O_DIRECT 4 KiB reads of a
             file on the root disk, in one cgroup: two latency modes
@@ -47,13 +54,15 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench.common import REPO, REPORT, log, verdict
 from bench.overhead.tools import facts, tree_env
 from bench.tracer import Tool
+from testbed.io_audit import buckets, full_histograms, summed
+from tracehound.host.mounts import MountTable
 
 CGROUP2 = "/sys/fs/cgroup/unified" if os.path.isdir("/sys/fs/cgroup/unified") else "/sys/fs/cgroup"
 HIST = "tracehound_io_read_latency_seconds"
 TIMED = "tracehound_io_latency_timed_calls"
 QUANTILES = (0.5, 0.9, 0.99)
 WORKLOADS = ("bimodal", "low-rate", "burst")
-LATENCY = {"every": "every", "sampled": "on"}
+LATENCY = {"every": "every", "sampled": "on", "audit": "audit"}
 ORDERS = (("every", "sampled"), ("sampled", "every"))
 TOLERANCE_PCT = 5.0
 LOW_RATE_IOPS = 200
@@ -121,9 +130,19 @@ def fio_jobs(name: str, tmpfs: str, disk: str, runtime: int) -> list[str]:
             "--name=storm", *cache, f"--startdelay={third}", f"--runtime={third}"]
 
 
+def histogram_of(got: dict, buckets_: dict[float, float], timed: float | None) -> dict:
+    return {"requests": got["requests"], "count": buckets_.get(math.inf, 0.0), "timed": timed,
+            "quantiles_s": {str(q): quantile(buckets_, q) for q in QUANTILES},
+            "buckets": {str(le): c for le, c in sorted(buckets_.items())}}
+
+
 def run_workload(name: str, agents: dict[str, Tool], tmpfs: str, disk: str, runtime: int) -> dict:
+    """The workload in a cgroup of its own under every agent in AGENTS; an
+    agent named audit (--latency audit) also gives the full histogram of the
+    same calls, as "audit-full"."""
     cgroup = f"/bench-sampling-{name}-{uuid.uuid4().hex[:6]}"
     os.mkdir(CGROUP2 + cgroup)
+    cgroup_id = os.stat(CGROUP2 + cgroup).st_ino
     try:
         before = {k: scrape(t, cgroup)["timed"] for k, t in agents.items()}
         cmd = ["fio", "--output-format=json", *fio_jobs(name, tmpfs, disk, runtime)]
@@ -135,11 +154,12 @@ def run_workload(name: str, agents: dict[str, Tool], tmpfs: str, disk: str, runt
         mounts = (mountpoint(tmpfs),) + ((mountpoint(disk),) if name == "bimodal" else ())
         for k, t in agents.items():
             got = scrape(t, cgroup, mounts)
-            res["agents"][k] = {
-                "requests": got["requests"], "count": got["buckets"].get(math.inf, 0.0),
-                "timed": None if got["timed"] is None else got["timed"] - (before[k] or 0),
-                "quantiles_s": {str(q): quantile(got["buckets"], q) for q in QUANTILES},
-                "buckets": {str(le): c for le, c in sorted(got["buckets"].items())}}
+            res["agents"][k] = histogram_of(
+                got, got["buckets"], None if got["timed"] is None else got["timed"] - (before[k] or 0))
+            if k == "audit":
+                ids = {m.mnt_id for m in MountTable().mounts if m.mountpoint in mounts}
+                full = summed(full_histograms(t.proc.pid), cgroup_id, ids)
+                res["agents"]["audit-full"] = histogram_of(got, buckets(full), None)
         return res
     finally:
         os.rmdir(CGROUP2 + cgroup)
@@ -176,26 +196,44 @@ def reference_spread(runs: dict[str, dict], name: str) -> dict[str, float]:
     return out
 
 
-def verdicts(runs: dict[str, dict]) -> list[tuple[str, str, bool | None]]:
+def same_clock_diffs(same: dict[str, dict], name: str) -> dict[str, float]:
+    """quantile -> the sampled histogram's against the full one of the same
+    calls, in %"""
+    a = same[name]["agents"]
+    return {str(q): 100 * (a["audit"]["quantiles_s"][str(q)] / a["audit-full"]["quantiles_s"][str(q)] - 1)
+            for q in QUANTILES}
+
+
+def verdicts(runs: dict[str, dict], same: dict[str, dict]) -> list[tuple[str, str, bool | None]]:
     out = []
     for name in WORKLOADS:
-        d, a, ref = diffs(runs, name), added_ns(runs, name), reference_spread(runs, name)
-        ok = all(abs(v) <= TOLERANCE_PCT for v in d.values())
-        within = [f"p{float(q) * 100:g}" for q, v in d.items()
-                  if abs(v) > TOLERANCE_PCT and abs(v) <= ref[q]]
-        note = (f"; {', '.join(within)} within the every-call agent's own spread between attach "
-                "orders (below)" if within and not ok else "")
-        out.append((f"{name}: p50, p90, p99 of sampled timing within {TOLERANCE_PCT:g} % of every "
-                    "call timed", ", ".join(f"p{float(q) * 100:g} {v:+.2f} % ({a[q]:+.0f} ns)"
-                                            for q, v in d.items()) + note, ok))
+        d, a = same_clock_diffs(same, name), same[name]["agents"]
+        out.append((f"{name}, the same calls by the same clock: p50, p90, p99 of the sampled "
+                    f"histogram within {TOLERANCE_PCT:g} % of the full one",
+                    ", ".join(f"p{float(q) * 100:g} {v:+.2f} %" for q, v in d.items())
+                    + f" (count {a['audit']['count']:,.0f} of {a['audit-full']['count']:,.0f} calls)",
+                    all(abs(v) <= TOLERANCE_PCT for v in d.values())))
+    low = same["low-rate"]["agents"]
+    out.append(("low-rate, the same calls by the same clock: every call timed, the sampled histogram "
+                "equal to the full one bucket for bucket",
+                f"{low['audit']['count']:,.0f} and {low['audit-full']['count']:,.0f} calls, "
+                + ("every bucket equal" if low["audit"]["buckets"] == low["audit-full"]["buckets"]
+                   else "buckets differ"),
+                low["audit"]["buckets"] == low["audit-full"]["buckets"] and low["audit"]["count"] > 0))
+    for name in WORKLOADS:
+        d, a = diffs(runs, name), added_ns(runs, name)
+        out.append((f"{name}, two agents side by side (--latency on beside every; no target: "
+                    "each one's window holds the other's programs)",
+                    ", ".join(f"p{float(q) * 100:g} {v:+.2f} % ({a[q]:+.0f} ns)" for q, v in d.items()),
+                    None))
     out.append(("the floor under those: the every-call agent's own quantiles, one attach order "
-                "against the other (no target: what this comparison resolves at best)",
+                "against the other (no target: what that comparison resolves at best)",
                 "; ".join(f"{name} " + ", ".join(f"p{float(q) * 100:g} {v:.1f} %"
                                                  for q, v in reference_spread(runs, name).items())
                           for name in WORKLOADS), None))
     low = [(first, r["low-rate"]["agents"]["sampled"]) for first, r in runs.items()]
-    out.append(("low-rate: the sampled agent timed every call of the workload on its file's mount "
-                "(histogram count equal to the requests there)",
+    out.append(("low-rate: the agent as deployed (--latency on) timed every call of the workload on "
+                "its file's mount (histogram count equal to the requests there)",
                 "; ".join(f"{first} attached first: {a['count']:.0f} of {a['requests']:.0f}"
                           for first, a in low),
                 all(a["count"] == a["requests"] for _f, a in low)))
@@ -205,19 +243,37 @@ def verdicts(runs: dict[str, dict]) -> list[tuple[str, str, bool | None]]:
 def write_reports(out: Path, res: dict) -> list[tuple[str, str, bool]]:
     out.mkdir(parents=True, exist_ok=True)
     (out / "latency-sampling.json").write_text(json.dumps(res, indent=1) + "\n")
-    m, vs = res["machine"], verdicts(res["runs"])
+    m, vs = res["machine"], verdicts(res["runs"], res["same_clock"])
     L = ["# Sampled timing against timing every call", "",
          f"{m['date']} at commit {m['tracehound_commit']}, Linux {m['kernel']}, {m['nproc']} × "
-         f"{m['cpu']}; fio {m['fio']}; {res['settings']['runtime_s']} s per workload; "
-         "both agents attached at once (syscall tracepoint mode), each workload in a cgroup of its "
+         f"{m['cpu']}; fio {m['fio']}; {res['settings']['runtime_s']} s per workload, each in a "
+         "cgroup of its own. Regenerate: `python -m bench.latency_sampling`.", "",
+         "**Same calls, same clock.** One agent run with `--latency audit` (syscall tracepoint "
+         "mode) times every call; the sampler picks as it does with `--latency on`, and only its "
+         "picks reach the exported histogram, with their weights, while every call is also counted "
+         "once in a histogram the kernel keeps apart (io_audit). The two are of the same calls, "
+         "read by the same clock: their difference is the sampling's alone.", "",
+         "**Two agents side by side** (the agent as deployed, `--latency on`, beside one with "
+         "`--latency every`): both agents attached at once (syscall tracepoint mode), each workload in a cgroup of its "
          "own, run once with each attach order; a quantile's difference is the geometric mean of "
          "the two orders' ratios, and in ns the mean of the two differences. Each agent's window "
          "holds part of the other's programs, and the sampled agent's always hold the dearer "
          "every-call ones: that bias adds a few hundred ns to its quantiles, whatever the "
-         "sampling does. Regenerate: `python -m bench.latency_sampling`.", "",
+         "sampling does.", "",
          "## Targets", "", "| target | measured | met |", "|---|---|---|"]
     L += [f"| {t} | {v} | {'–' if ok is None else 'yes' if ok else '**no**'} |" for t, v, ok in vs]
-    L += ["", "## Per workload", "",
+    L += ["", "## Same calls, same clock", "",
+          "| workload | fio reads | requests | calls (full count) | sampled count | "
+          + " | ".join(f"p{q * 100:g} full / sampled" for q in QUANTILES) + " |",
+          "|---|---:|---:|---:|---:|" + "---:|" * len(QUANTILES)]
+    for name in WORKLOADS:
+        w = res["same_clock"][name]
+        full, smp = w["agents"]["audit-full"], w["agents"]["audit"]
+        L.append(f"| {name} | {w['fio_reads']:,} | {smp['requests']:,.0f} | {full['count']:,.0f} | "
+                 f"{smp['count']:,.0f} | " + " | ".join(
+                     f"{full['quantiles_s'][str(q)] * 1e6:.2f} / {smp['quantiles_s'][str(q)] * 1e6:.2f} µs"
+                     for q in QUANTILES) + " |")
+    L += ["", "## Two agents side by side, per workload", "",
           "| workload | attached first | fio reads | agent | requests | histogram count | reads timed (node) | p50 | p90 | p99 |",
           "|---|---|---:|---|---:|---:|---:|---:|---:|---:|"]
     for name in WORKLOADS:
@@ -245,21 +301,23 @@ def plot(path: Path, res: dict) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, len(WORKLOADS), figsize=(4.5 * len(WORKLOADS), 4), squeeze=False)
-    bars = [(first, k) for first in res["runs"] for k in ("every", "sampled")]
-    colors = {"every": "#175", "sampled": "#2a7"}
+    # the same calls by one clock first, then the two agents side by side
+    bars = [("same clock: full", res["same_clock"], "audit-full", "#147", ""),
+            ("same clock: sampled", res["same_clock"], "audit", "#4ad", "")]
+    bars += [(f"{k} ({first} first)", res["runs"][first], k, {"every": "#175", "sampled": "#2a7"}[k],
+              "" if first == "every" else "//") for first in res["runs"] for k in ("every", "sampled")]
     width = 0.8 / len(bars)
     for ax, name in zip(axes[0], WORKLOADS):
         xs = range(len(QUANTILES))
-        for i, (first, k) in enumerate(bars):
-            a = res["runs"][first][name]["agents"][k]
+        for i, (label, runs, k, color, hatch) in enumerate(bars):
+            a = runs[name]["agents"][k]
             ax.bar([x + width * i for x in xs], [a["quantiles_s"][str(q)] * 1e6 for q in QUANTILES],
-                   width, label=f"{k} ({first} first)", color=colors[k],
-                   hatch="" if first == "every" else "//", edgecolor="k", lw=0.4)
+                   width, label=label, color=color, hatch=hatch, edgecolor="k", lw=0.4)
         ax.set_xticks([x + 0.4 - width / 2 for x in xs], [f"p{q * 100:g}" for q in QUANTILES])
         ax.set_yscale("log")
         ax.set_title(name)
         ax.set_ylabel("read latency, µs")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=6)
     m = res["machine"]
     fig.suptitle(f"sampled timing vs every call timed — {m['tracehound_commit']}, {m['date'][:10]}, "
                  f"{m['nproc']} × {m['cpu'][:40]}", fontsize=9)
@@ -284,11 +342,20 @@ def main() -> int:
         subprocess.run(["mount", "-t", "tmpfs", "-o", "size=128m", "bench-sampling", tmpfs], check=True)
         mounted = True
         machine = facts()
-        runs = {}
+        runs, same, cmds = {}, {}, {}
+        # the same calls by the same clock: one agent, --latency audit
+        agents = {"audit": agent("audit", LATENCY["audit"])}
+        agents["audit"].start()
+        cmds["audit"] = agents["audit"].cmd
+        for name in WORKLOADS:
+            log(f"{name}, one agent with --latency audit: {args.runtime} s")
+            same[name] = run_workload(name, agents, tmpfs, disk, args.runtime)
+        agents["audit"].stop()
         for order in ORDERS:
             agents = {k: agent(k, LATENCY[k]) for k in order}
             for t in agents.values():      # attached in this order
                 t.start()
+                cmds[t.name] = t.cmd
             runs[order[0]] = {}
             for name in WORKLOADS:
                 log(f"{name}, {order[0]} attached first: {args.runtime} s")
@@ -297,8 +364,8 @@ def main() -> int:
                 t.stop()
         res = {"settings": {"runtime_s": args.runtime, "tolerance_pct": TOLERANCE_PCT,
                             "low_rate_iops": LOW_RATE_IOPS,
-                            "agents": {k: t.cmd for k, t in agents.items()}},
-               "machine": machine, "runs": runs}
+                            "agents": cmds},
+               "machine": machine, "same_clock": same, "runs": runs}
         for t, v, ok in write_reports(args.out, res):
             log(f"{verdict(ok)} {t}: {v}")
         log(f"report in {args.out}/latency-sampling.md")

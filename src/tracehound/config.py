@@ -31,6 +31,9 @@ class AgentConfig:
     # time a sample of the calls when they come fast (io_sample.bpf.h), or
     # every one (--latency every)
     latency_sampled: bool = True
+    # --latency audit: sampled as on, and every call also timed into a
+    # histogram of its own in the kernel (io_audit), for measuring the sampler
+    latency_audit: bool = False
     # about one timed call of a kind per CPU per this many ns while calls come faster
     latency_sample_gap_ns: int = defaults.LATENCY_SAMPLE_GAP_NS
     # a workload idle (or all stopped) this long is stalled; 0: detector off

@@ -3,6 +3,7 @@ timed in part while its bytes and calls stay exact and its histogram still
 counts about every call; the calls that follow it at a low rate are all
 timed again; `--latency every` times every call. (Calls slower than the
 sampling gap are all timed: test_io_accuracy.py, in every hook mode.)"""
+import math
 import os
 import sys
 
@@ -10,6 +11,8 @@ import pytest
 
 from tests.kernel.conftest import (exec_in_cgroup, remove_cgroup, require_tools, run_in_cgroup,
                                    series, start_agent, stop_agent)
+from testbed.io_audit import buckets, full_histograms, summed
+from tracehound.host.mounts import MountTable
 
 MiB = 1 << 20
 READS = 8192            # 4 KiB random reads of a 32 MiB file
@@ -122,3 +125,35 @@ def test_reads_the_probe_does_not_count_take_no_share_of_the_histogram(agent, cg
     for requests, counted in counts:
         assert requests == loops
         assert abs(counted - loops) <= loops / 100, counts
+
+
+def test_audit_keeps_the_full_histogram_of_the_same_calls_beside_the_sampled_one(
+        hook_mode, cgroup_root, cgroup, quiet, tmpfs):
+    """--latency audit: the sampler still picks (few reads of a storm timed
+    into the exported histogram) while the kernel's own histogram counts
+    every call once; calls at a low rate are all picked, so there the two
+    are the same, bucket for bucket."""
+    require_tools("bpftool")
+    audit = start_agent(hook_mode, "--latency", "audit")
+    try:
+        before = series(audit.scrape(), TIMED, op="read")
+        read_storm(cgroup_root, cgroup, os.path.join(tmpfs, "storm-audit"))
+        f = os.path.join(tmpfs, "after-storm-audit")
+        run_in_cgroup(cgroup_root, quiet, [["write", f, 8 * MiB, MiB], ["read", f, MiB]])
+        m = audit.scrape()
+        full = full_histograms(audit.proc.pid)
+    finally:
+        stop_agent(audit)
+    mnt = {m_.mnt_id for m_ in MountTable().mounts if m_.mountpoint == tmpfs}
+    storm = summed(full, os.stat(cgroup_root + cgroup).st_ino, mnt)
+    requests, counted = reads(m, cgroup, tmpfs)
+    assert requests == READS and sum(storm) == READS        # every call, once
+    assert series(m, TIMED, op="read") - before < READS / 2    # still sampled
+    assert abs(counted - READS) <= READS / 10, counted
+    for op in ("read", "write"):
+        calm = summed(full, os.stat(cgroup_root + quiet).st_ino, mnt, op)
+        calls = series(m, f"tracehound_io_{op}_requests_total", cgroup=quiet, mountpoint=tmpfs)
+        exported = {le: series(m, f"tracehound_io_{op}_latency_seconds_bucket", cgroup=quiet,
+                               mountpoint=tmpfs, le="+Inf" if le == math.inf else repr(le))
+                    for le in buckets(calm)}
+        assert calls >= 8 and sum(calm) == calls and exported == buckets(calm), op

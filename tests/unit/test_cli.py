@@ -36,13 +36,14 @@ def test_help_lists_subcommands():
 ALL_TIMED = {"io.read", "io.write", "io.fsync"}
 
 
-@pytest.mark.parametrize("value,timed,sampled", [
-    ("on", ALL_TIMED, True), ("off", set(), True),
-    (" io.fsync , io.read ", {"io.fsync", "io.read"}, True),
-    ("every", ALL_TIMED, False), ("every:io.fsync", {"io.fsync"}, False)])
-def test_latency_flag_names_the_timed_probes_and_whether_sampled(value, timed, sampled):
+@pytest.mark.parametrize("value,timed,sampled,audit", [
+    ("on", ALL_TIMED, True, False), ("off", set(), True, False),
+    (" io.fsync , io.read ", {"io.fsync", "io.read"}, True, False),
+    ("every", ALL_TIMED, False, False), ("every:io.fsync", {"io.fsync"}, False, False),
+    ("audit", ALL_TIMED, True, True)])
+def test_latency_flag_names_the_timed_probes_and_whether_sampled(value, timed, sampled, audit):
     from tracehound.commands.run import _latency
-    assert _latency(value) == (timed, sampled)
+    assert _latency(value) == (timed, sampled, audit)
 
 
 @pytest.mark.parametrize("value", ["every:", "every:io.open", "sometimes", ""])

@@ -94,24 +94,27 @@ def _microseconds(low: int, high: int):
     return parse
 
 
-def _latency(value: str) -> tuple[frozenset[str], bool]:
-    """(the probes to time, whether sampled) of on, off, every, or the
-    probes: io.read,io.fsync (sampled), every:io.fsync (every call)"""
+def _latency(value: str) -> tuple[frozenset[str], bool, bool]:
+    """(the probes to time, whether sampled, whether audited) of on, off,
+    every, audit, or the probes: io.read,io.fsync (sampled), every:io.fsync
+    (every call)"""
     text = value.strip()
-    sampled = True
-    if text == "every":
+    sampled, audit = True, False
+    if text == "audit":
+        audit, text = True, "on"
+    elif text == "every":
         sampled, text = False, "on"
     elif text.startswith("every:"):
         sampled, text = False, text.removeprefix("every:").strip()
     if text in ("on", "off"):
-        return frozenset(defaults.LATENCY_PROBES if text == "on" else ()), sampled
+        return frozenset(defaults.LATENCY_PROBES if text == "on" else ()), sampled, audit
     probes = [x.strip() for x in text.split(",")]
     unknown = [p for p in probes if p not in defaults.LATENCY_PROBES]
     if unknown or not text:
         raise argparse.ArgumentTypeError(
-            f"{value!r}: expected on, off, every, or a comma-separated list of "
+            f"{value!r}: expected on, off, every, audit, or a comma-separated list of "
             f"{', '.join(defaults.LATENCY_PROBES)} (every:LIST to time every call of those)")
-    return frozenset(probes), sampled
+    return frozenset(probes), sampled, audit
 
 
 def add_parser(sub, hook) -> None:
@@ -158,8 +161,8 @@ def add_parser(sub, hook) -> None:
                           f"quarters of a scrape (default {defaults.LATENCY_HISTOGRAMS}); off "
                           "also stops the timing, like --latency off")
     run.add_argument("--latency", type=_latency,
-                     default=(frozenset(defaults.LATENCY_PROBES), True),
-                     metavar="on|every|off|PROBES",
+                     default=(frozenset(defaults.LATENCY_PROBES), True, False),
+                     metavar="on|every|off|audit|PROBES",
                      help="time I/O calls in the kernel for the latency histograms: on "
                           "(default: sampled, every call while calls of a kind are rare on a "
                           "CPU, about one per "
@@ -168,7 +171,9 @@ def add_parser(sub, hook) -> None:
                           "clock reads each), off (counters only, no clock reads, and in "
                           "syscall mode no entry hook), or the probes to time, comma-separated "
                           f"({', '.join(defaults.LATENCY_PROBES)}; every:PROBES times every "
-                          "call of those); bytes, calls and errors are exact in every case")
+                          "call of those), audit (for measuring the sampler: as on, and every "
+                          "call also timed into a histogram the kernel keeps apart, at every's "
+                          "cost; docs/io.md); bytes, calls and errors are exact in every case")
     run.add_argument("--latency-sample-gap", type=_microseconds(1, 1_000_000),
                      default=defaults.LATENCY_SAMPLE_GAP_NS // 1000, metavar="MICROSECONDS",
                      help="with --latency on: time about one call of a kind per CPU in this "
@@ -277,6 +282,7 @@ def _run(args) -> int:
                            mountinfo=args.mountinfo,
                            latency_histograms=args.latency_histograms,
                            latency=args.latency[0], latency_sampled=args.latency[1],
+                           latency_audit=args.latency[2],
                            latency_sample_gap_ns=args.latency_sample_gap * 1000,
                            stall_after_s=args.stall_after,
                            stall_cgroups=args.stall_cgroups,

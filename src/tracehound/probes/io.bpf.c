@@ -269,8 +269,14 @@ static __always_inline void account_cg(__u64 cgroup_id, __u32 mnt, __u32 flags, 
 		__sync_fetch_and_add(&s->bytes[op], ret);
 	__sync_fetch_and_add(&s->calls[op], 1);
 	if (delta && hist >= 0 && hist < HIST_MAX) {
-		__sync_fetch_and_add(&s->lat_sum_ns[hist], delta * weight);
-		__sync_fetch_and_add(&s->hist[hist][log2_slot(delta)], weight);
+		/* audited, a call the sampler left out (weight 0) is timed too,
+		 * but only into io_audit */
+		if (weight) {
+			__sync_fetch_and_add(&s->lat_sum_ns[hist], delta * weight);
+			__sync_fetch_and_add(&s->hist[hist][log2_slot(delta)], weight);
+		}
+		if (settings.audit)
+			audit_add(&key, hist, delta);
 	}
 }
 

@@ -75,6 +75,14 @@ struct io_settings {
 	__u32 slots;          /* max_entries of io_stats and io_slots */
 	__u32 sample_gap_ns;  /* sampled timing: aim for one timed call of a kind per
 			       * CPU per this many ns; 0: time every call */
+	__u32 audit;          /* 1: time every call, sampled or not, into io_audit too
+			       * (measuring the sampler on the same calls and clock) */
+};
+
+/* The full histograms of one (cgroup, mount) in io_audit: every timed op's
+ * call counted once, sampled or not. */
+struct io_audit {
+	__u64 hist[HIST_MAX][HIST_SLOTS];
 };
 
 /* Sampled timing, per CPU and histogram (io_samplers): while calls of a kind

@@ -154,6 +154,8 @@ class IoProbeConfig:
     # sampled timing (io_sample.bpf.h): about one timed call of a kind per
     # CPU per this many ns when calls come faster; 0: every call is timed
     sample_gap_ns: int = defaults.LATENCY_SAMPLE_GAP_NS
+    # every timed op's call also timed, once, into io_audit (io_sample.bpf.h)
+    audit: bool = False
 
 
 class IoProbe:
@@ -195,7 +197,7 @@ class IoProbe:
             tp_ops = sum(op_mask(p.group.name) for p in plans if p.mode == "tracepoint")
             obj.map(SETTINGS_MAP).set_initial_value(SETTINGS.pack(
                 self.mounts.mount_namespace_inode(), tp_ops, timed_mask(latency),
-                self.config.max_entries, self.config.sample_gap_ns))
+                self.config.max_entries, self.config.sample_gap_ns, int(self.config.audit)))
             set_cgroup_key(obj, self.config.cgroup_key)
 
         def ready(obj: BpfObject, maps: dict[str, Map]) -> None:

@@ -121,6 +121,10 @@ static __always_inline void move_clock(__u32 user, struct task_struct *prev)
 		c->ts = 0;
 		return;
 	}
+	/* audited, a call the sampler left out is timed all the same: its
+	 * place goes back as an untimed one's does, and its clock moves */
+	if (settings.audit && !c->weight && c->mnt >= 0)
+		sample_giveback(c->op);
 	moved = bpf_task_storage_get(&moved_clocks, prev, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
 	if (moved)
 		moved->c[user] = *c;

@@ -36,6 +36,37 @@ struct {
 	__type(value, struct io_sampler);
 } io_samplers SEC(".maps");
 
+/* With settings.audit (`tracehound run --latency audit`, for measuring the
+ * sampler): every call is timed, the sampler still picks as it would and
+ * only its picks reach io_stats' histograms with their weights, and every
+ * call's latency is also counted once here, by its key: the sampled and the
+ * full histogram of the same calls, read by the same clock. Without it the
+ * verifier drops every audit branch (settings is read-only) and the map
+ * stays empty (no preallocation). */
+struct {
+	__uint(type, BPF_MAP_TYPE_HASH);
+	__uint(max_entries, 4096);
+	__uint(map_flags, BPF_F_NO_PREALLOC);
+	__type(key, struct io_key);
+	__type(value, struct io_audit);
+} io_audit SEC(".maps");
+
+static const struct io_audit audit_zero = {};
+
+static __always_inline void audit_add(struct io_key *key, __u32 hist, __u64 delta)
+{
+	struct io_audit *a = bpf_map_lookup_elem(&io_audit, key);
+
+	if (!a) {
+		bpf_map_update_elem(&io_audit, key, &audit_zero, BPF_NOEXIST);
+		a = bpf_map_lookup_elem(&io_audit, key);
+		if (!a)
+			return;
+	}
+	if (hist < HIST_MAX)
+		__sync_fetch_and_add(&a->hist[hist][log2_slot(delta)], 1);
+}
+
 static __always_inline struct io_sampler *sampler_of(__u32 op)
 {
 	__u32 key = hist_of(op);
@@ -119,16 +150,18 @@ static __always_inline void sample_next(struct io_sampler *s, __u64 now, __u32 w
 
 /* A call of `op` starting now: its start time when it is to be timed, with
  * the calls it stands for in *weight; 0 when it is not. The one entry point
- * of every hook that starts a clock. */
+ * of every hook that starts a clock. With settings.audit every call gets its
+ * start time, and *weight 0 marks one the sampler left out. */
 static __always_inline __u64 sample_start(__u32 op, __u32 *weight, __u64 task)
 {
 	struct io_sampler *s = sampler_of(op);
 	__u64 now;
 
 	*weight = sample_pick(s, task);
-	if (!*weight)
+	if (!*weight && !settings.audit)
 		return 0;
 	now = bpf_ktime_get_ns();
-	sample_next(s, now, *weight);
+	if (*weight)
+		sample_next(s, now, *weight);
 	return now;
 }

@@ -28,7 +28,8 @@ class IoSubsystem(Subsystem):
             frozenset(p.removeprefix("io.") for p in c.latency)
         gap = c.latency_sample_gap_ns if c.latency_sampled else 0
         self.probe = IoProbe(IoProbeConfig(c.hook_mode, c.skip_fstypes, c.max_entries, timed,
-                                           cgroup_key=_key(ctx), sample_gap_ns=gap), ctx.mounts)
+                                           cgroup_key=_key(ctx), sample_gap_ns=gap,
+                                           audit=c.latency_audit and bool(gap)), ctx.mounts)
         self.collector: IoCollector | None = None
 
     def start(self) -> None:
