@@ -68,10 +68,11 @@ TOLERANCE_PCT = 5.0
 LOW_RATE_IOPS = 200
 
 
-def agent(name: str, latency: str) -> Tool:
+def agent(name: str, latency: str, gap_us: int | None = None) -> Tool:
     cmd = [str(REPO / ".venv/bin/tracehound"), "run", "--listen", "127.0.0.1:0",
            "--instance", f"bench-{name}-{uuid.uuid4().hex[:6]}", "--cgroup-key", "v2",
            "--latency-histograms", "cgroup-mount", "--latency", latency]
+    cmd += ["--latency-sample-gap", str(gap_us)] if gap_us and latency != "every" else []
     return Tool(name, cmd, r"serving metrics on", signal.SIGTERM, tree_env())
 
 
@@ -330,6 +331,8 @@ def main() -> int:
                                  description=__doc__.splitlines()[0])
     ap.add_argument("--runtime", type=int, default=6, help="seconds per workload (default 6)")
     ap.add_argument("--out", type=Path, default=REPORT)
+    ap.add_argument("--gap", type=int, metavar="MICROSECONDS",
+                    help="--latency-sample-gap of the sampled agents (default: the agent's own)")
     args = ap.parse_args()
     if os.geteuid() != 0:
         log("needs root: loads BPF programs")
@@ -344,7 +347,7 @@ def main() -> int:
         machine = facts()
         runs, same, cmds = {}, {}, {}
         # the same calls by the same clock: one agent, --latency audit
-        agents = {"audit": agent("audit", LATENCY["audit"])}
+        agents = {"audit": agent("audit", LATENCY["audit"], args.gap)}
         agents["audit"].start()
         cmds["audit"] = agents["audit"].cmd
         for name in WORKLOADS:
@@ -352,7 +355,7 @@ def main() -> int:
             same[name] = run_workload(name, agents, tmpfs, disk, args.runtime)
         agents["audit"].stop()
         for order in ORDERS:
-            agents = {k: agent(k, LATENCY[k]) for k in order}
+            agents = {k: agent(k, LATENCY[k], args.gap) for k in order}
             for t in agents.values():      # attached in this order
                 t.start()
                 cmds[t.name] = t.cmd
@@ -362,7 +365,7 @@ def main() -> int:
                 runs[order[0]][name] = run_workload(name, agents, tmpfs, disk, args.runtime)
             for t in agents.values():
                 t.stop()
-        res = {"settings": {"runtime_s": args.runtime, "tolerance_pct": TOLERANCE_PCT,
+        res = {"settings": {"runtime_s": args.runtime, "tolerance_pct": TOLERANCE_PCT, "gap_us": args.gap,
                             "low_rate_iops": LOW_RATE_IOPS,
                             "agents": cmds},
                "machine": machine, "same_clock": same, "runs": runs}

@@ -10,7 +10,7 @@ import sys
 import pytest
 
 from tests.kernel.conftest import (exec_in_cgroup, remove_cgroup, require_tools, run_in_cgroup,
-                                   series, start_agent, stop_agent)
+                                   mount_of, series, start_agent, stop_agent)
 from testbed.io_audit import buckets, full_histograms, summed
 from tracehound.host.mounts import MountTable
 
@@ -71,6 +71,30 @@ def test_calls_that_follow_a_storm_at_a_low_rate_are_all_timed(agent, cgroup_roo
     lb = {"cgroup": quiet, "mountpoint": tmpfs}
     assert series(m, "tracehound_io_write_latency_seconds_count", **lb) == \
         series(m, "tracehound_io_write_requests_total", **lb) == 8
+
+
+def test_calls_that_sleep_weigh_as_much_as_the_rest(hook_mode, cgroup_root, cgroup, disk_dir):
+    """O_DIRECT reads of a disk file sleep in every call, and come fast
+    enough for a wide gap to sample them: those the sampler leaves out still
+    count in the weights of those it times, so the histogram's count follows
+    the requests (had a sleeping call given its place back, the count would
+    be about one call in an interval)."""
+    require_tools("fio")
+    wide = start_agent(hook_mode, "--latency-sample-gap", "1000")
+    try:
+        path = os.path.join(disk_dir, "direct")
+        out = exec_in_cgroup(cgroup_root, cgroup, [
+            "fio", "--name=direct", f"--filename={path}", "--size=16M", "--bs=4k",
+            "--rw=randread", "--direct=1", "--ioengine=psync", "--number_ios=4096",
+            "--output-format=terse"])
+        assert out.returncode == 0, out.stdout + out.stderr
+        m = wide.scrape()
+    finally:
+        stop_agent(wide)
+    requests, counted = reads(m, cgroup, mount_of(disk_dir))
+    assert requests >= 4096
+    assert series(m, TIMED, op="read") < requests        # sampled, not all timed
+    assert abs(counted - requests) <= requests / 10, (counted, requests)
 
 
 def test_every_call_is_timed_when_asked(hook_mode, cgroup_root, cgroup, tmpfs):

@@ -114,17 +114,13 @@ static __always_inline void move_clock(__u32 user, struct task_struct *prev)
 		return;
 	if (c->ts == CLOCK_UNTIMED) {
 		/* nothing to carry: exit finds its mount again and counts it
-		 * untimed, on whatever CPU; its place among the calls since this
-		 * CPU's last timed one goes back now */
-		if (c->mnt >= 0)
-			sample_giveback(c->op);
+		 * untimed, on whatever CPU. Its place among the calls since this
+		 * CPU's last timed one stays: a call that sleeps (a read from a
+		 * disk) is one of the calls the next timed one stands for, like
+		 * any other, or calls that sleep would weigh less than the rest */
 		c->ts = 0;
 		return;
 	}
-	/* audited, a call the sampler left out is timed all the same: its
-	 * place goes back as an untimed one's does, and its clock moves */
-	if (settings.audit && !c->weight && c->mnt >= 0)
-		sample_giveback(c->op);
 	moved = bpf_task_storage_get(&moved_clocks, prev, 0, BPF_LOCAL_STORAGE_GET_F_CREATE);
 	if (moved)
 		moved->c[user] = *c;

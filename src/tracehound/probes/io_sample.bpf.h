@@ -26,8 +26,10 @@
  * weights add up to the calls, less the untimed ones a fall in rate or a new
  * task cut short (at most one interval each), and never more: only calls
  * the probe counts reach the sampler (their file's mount is known at entry,
- * io_clocks.bpf.h), and an untimed call switched out in its middle, whose
- * end this CPU may not see, gives its place back (sample_giveback). */
+ * io_clocks.bpf.h), each once. An untimed call that sleeps keeps its place
+ * (io_clocks.bpf.h move_clock). Where another task's call comes while it
+ * sleeps, the cut drops it with the rest of its interval: calls that sleep
+ * on a CPU other tasks call on weigh less than others (docs/io.md). */
 
 struct {
 	__uint(type, BPF_MAP_TYPE_PERCPU_ARRAY);
@@ -110,17 +112,6 @@ static __always_inline __u32 sample_pick(struct io_sampler *s, __u64 task)
 	}
 	s->since = 0;
 	return weight;
-}
-
-/* An untimed call sample_pick counted among the calls since the last timed
- * one, on this CPU, whose end this CPU may not see: its place goes back, so
- * that no weight stands for it (it is counted at its end, untimed). */
-static __always_inline void sample_giveback(__u32 op)
-{
-	struct io_sampler *s = sampler_of(op);
-
-	if (settings.sample_gap_ns && s && s->since)
-		s->since--;
 }
 
 /* At a timed call's start (`now`, `weight` its calls): the next interval. */
