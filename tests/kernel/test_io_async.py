@@ -107,15 +107,18 @@ def test_async_engines_count_exact_bytes(agent, cgroup_root, cgroup, fs, engine)
 
 def test_io_uring_latency_spans_submission_to_completion(agent, cgroup_root, cgroup, tmpfs):
     """fio's own completion latency bounds what the kernel measured. At a
-    thousand requests a second each is timed (sampled timing times every
-    call that comes slower than its gap), so the count is exact."""
+    thousand requests a second nearly each is timed (sampled timing times
+    every call that comes slower than its gap). Not all need be: on a loaded
+    machine fio catches up in bursts, which are sampled, and a request whose
+    slot another io_uring user's took is counted untimed (io_async.bpf.h);
+    that rare calls are always timed is test_io_accuracy.py's."""
     job = fio(cgroup_root, cgroup, "--ioengine=io_uring", "--rw=write", f"--bs={BS}",
               f"--size={SIZE}", f"--filename={tmpfs}/uring-latency", "--rate_iops=1000")
     m = agent.scrape()
     lb = dict(cgroup=cgroup, mountpoint=tmpfs)
     n = series(m, "tracehound_io_write_latency_seconds_count", **lb)
     total = series(m, "tracehound_io_write_latency_seconds_sum", **lb)
-    assert n == SIZE // BS
+    assert SIZE // BS * 0.9 <= n <= SIZE // BS
     # the kernel's span lies inside fio's (submission to reaping)
     assert 0 < total / n <= job["write"]["lat_ns"]["mean"] / 1e9
 
