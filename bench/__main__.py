@@ -38,6 +38,9 @@ class Benchmark:
     needs: tuple[str, ...]
     measures: str
     args: tuple[str, ...] = ()     # what `all` passes
+    # further runs `all` makes, each with these arguments after ARGS (a second
+    # case written to a report of its own)
+    also: tuple[tuple[str, ...], ...] = ()
 
 
 BENCHMARKS = (
@@ -51,9 +54,12 @@ BENCHMARKS = (
               "sampled latency histograms against timing every call, same calls, p50/p90/p99"),
     Benchmark("accuracy", "accuracy", ("accuracy",), ("root", "fio"),
               "the I/O byte counters over time against fio's own, per phase"),
-    Benchmark("scrape", "scrape", ("scrape",), ("root",),
+    Benchmark("scrape", "scrape", ("scrape", "busy-node/scrape"), ("root",),
               "one Prometheus scrape's cost as cgroups and mounts grow, against a baseline "
-              "revision"),
+              "revision; then a busy node (3,000 cgroups doing real I/O on two mounts) with the "
+              "defaults and with the histograms kept per label set or per mount",
+              also=(("--sizes", "3000x2", "--no-fill", "--no-baseline", "--histograms",
+                     "cgroup-mount,mount", "--out", "bench/report/busy-node"),)),
     Benchmark("parse-exposition", "parse_exposition", (), (),
               "reading a 5 MB exposition: prometheus_client's parser against the agent's own "
               "(prints its figures)"),
@@ -174,7 +180,7 @@ def status() -> int:
                 print(f"  {report:18} unreadable JSON")
                 continue
             at = stamped(data, ("commit", "tracehound_commit", "agent_revision")) or "no commit"
-            when = stamped(data, ("date", "started", "measured")) or "no date"
+            when = stamped(data, ("date", "started", "measured", "when")) or "no date"
             # stamps abbreviate the hash to different lengths: same commit if one starts the other
             a, h = at.split()[0] if at.split() else "", head.split()[0]
             mark = "" if a and (a.startswith(h) or h.startswith(a)) and "uncommitted" not in at \
@@ -206,6 +212,9 @@ def run_all(skip: set[str], only: set[str] | None = None) -> int:
         log(f"{bench.name}: running python -m bench.{bench.script}")
         started, date, verdicts = time.monotonic(), stamp()["date"], []
         rc = run_one(bench, [], verdicts)
+        for extra in bench.also:
+            log(f"{bench.name}: again, with {' '.join(extra)}")
+            rc = max(rc, run_one(bench, list(extra), verdicts))
         seconds = round(time.monotonic() - started, 1)
         failed += rc != 0
         log(f"{bench.name}: exit {rc} after {seconds} s")

@@ -31,7 +31,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import REPORT, commit, cpu_model, paired_ratio, paired_spread, prog_id
+from bench.common import REPORT, commit, cpu_model, paired_ratio, paired_spread, prog_id, stamp
 
 FILE_MIB = 128
 CPU = os.cpu_count() - 1            # the workload's CPU; the agent's threads sleep meanwhile
@@ -149,7 +149,7 @@ def main() -> None:
     args = p.parse_args()
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(1))
     started = time.monotonic()
-    data = {"cpu": cpu_model() or "?", "commit": commit(),
+    data = {"cpu": cpu_model() or "?", "commit": commit(), "date": stamp()["date"],
             "vcpus": os.cpu_count(), "kernel": platform.release(), "rounds": args.rounds,
             "seconds": args.seconds, "file_mib": FILE_MIB}
     tmp = tempfile.mkdtemp(prefix="thbench-async-")

@@ -30,7 +30,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import REPORT, commit, cpu_model, paired_ratio, paired_spread, prog_id
+from bench.common import REPORT, commit, cpu_model, paired_ratio, paired_spread, prog_id, stamp
 
 CLONE_NEWNET = 0x40000000
 LOSS_PERCENT = 1.0
@@ -243,7 +243,7 @@ def main() -> None:
         if not probe.available:
             raise SystemExit(f"net probe: {probe.reason}")
         return probe
-    data = {"cpu": cpu_model() or "?", "commit": commit(),
+    data = {"cpu": cpu_model() or "?", "commit": commit(), "date": stamp()["date"],
             "vcpus": os.cpu_count(), "kernel": platform.release(),
             "rounds": args.rounds, "seconds": args.seconds, "loss_percent": LOSS_PERCENT}
     # first: TIME_WAIT sockets of the connect rounds stay in the kernel's

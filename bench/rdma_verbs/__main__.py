@@ -24,7 +24,7 @@ import sys
 import time
 from pathlib import Path
 
-from bench.common import REPO, REPORT
+from bench.common import REPO, REPORT, stamp
 
 VERBS = ("reg_mr", "create_qp", "destroy_qp", "dereg_mr")
 # name -> the agent's flags (None: no agent)
@@ -160,7 +160,10 @@ def report(data: dict, kernel: str) -> str:
              "view alone (`--rdma-app-view off`), `fentry+app` adds the application view. "
              "`baseline-again` is a second baseline: the difference between the two is the noise "
              "of the run; differences smaller than it are noise.")
-    lines = ["# RDMA probe cost on control-path verbs (soft-RoCE, Debian 6.1, emulated)", "", intro, "",
+    st = data.get("stamp", {})
+    lines = ["# RDMA probe cost on control-path verbs (soft-RoCE, Debian 6.1, emulated)", "",
+             f"Commit {st.get('commit', '?')}; host {st.get('machine', '?')}; {st.get('date', '?')}.", "",
+             intro, "",
              "## Median wall time per verb (µs), and the change against the first baseline", "",
              "| condition | " + " | ".join(VERBS) + " | BPF ns per cycle (bpf_stats) |",
              "|---|" + "---:|" * len(VERBS) + "---:|"]
@@ -208,6 +211,9 @@ def host(iterations: int, rounds: int) -> None:
     if r.returncode != 0:
         raise SystemExit(f"rdma-verbs: guest failed ({r.returncode})\n{r.output[-2000:]}")
     data = json.loads((REPORT / "rdma-verbs.json").read_text())
+    # the guest has no git: the host stamps what it measured
+    data["stamp"] = stamp()
+    (REPORT / "rdma-verbs.json").write_text(json.dumps(data, indent=2))
     (REPORT / "rdma-verbs.md").write_text(report(data, r.kernel_release))
     print(f"rdma-verbs: wrote {REPORT / 'rdma-verbs.md'} (VM total {r.total_seconds:.0f} s)")
 

@@ -22,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from bench.common import REPORT, commit, cpu_model
+from bench.common import REPORT, commit, cpu_model, stamp
 
 LIB = "__attribute__((noinline)) void *ibv_alloc_pd(void *ctx)\n" \
       "{ __asm__ volatile(\"\" ::: \"memory\"); return 0; }\n"
@@ -116,7 +116,7 @@ def main() -> None:
             obj.close()
     b, w = statistics.median(bare), statistics.median(probed)
     data = {"calls": args.calls, "rounds": args.rounds, "cpu": cpu_model() or
-            platform.machine(), "commit": commit(), "kernel": platform.release(), "bare_ns": bare, "probed_ns": probed,
+            platform.machine(), "commit": commit(), "date": stamp()["date"], "kernel": platform.release(), "bare_ns": bare, "probed_ns": probed,
             "median_bare_ns": b, "median_probed_ns": w, "added_ns": w - b,
             "empty_programs_ns": empty}
     REPORT.mkdir(parents=True, exist_ok=True)
