@@ -54,20 +54,24 @@ def loadavg() -> list[str]:
     return Path("/proc/loadavg").read_text().split()[:3]
 
 
+# what a report's commit leaves out: the reports, and prose that quotes them
+NOT_CODE = (":(exclude)bench/report", ":(exclude)docs", ":(exclude,glob)**/*.md")
+
+
 def commit(tree: Path | str = REPO, paths: tuple[str, ...] = ()) -> str:
     """The commit of TREE's code, marked when it has uncommitted changes (in
     PATHS only, when given); "unknown (...)" for a tree that is no git
-    checkout. The reports themselves do not count, committed or not: a run
-    of several benchmarks rewrites them as it goes, and a commit of only
-    reports leaves the code where it was, so every report measured at that
-    code names the same commit."""
+    checkout. The reports themselves do not count, committed or not, nor
+    does prose (docs/, Markdown): a run of several benchmarks rewrites the
+    reports as it goes, and a commit of only reports or of the text that
+    quotes them leaves the code where it was, so every report measured at
+    that code names the same commit."""
     try:
         sha = sh(["git", "-C", tree, "log", "-1", "--format=%h", "--abbrev=12", "--", ".",
-                  ":(exclude)bench/report"]).strip()
+                  *NOT_CODE]).strip()
         # no optional locks: reading the tree's state must not rewrite its index
         dirty = sh(["git", "--no-optional-locks", "-C", tree, "status", "--porcelain",
-                    "--untracked-files=no", "--", *(paths or (".",)),
-                    ":(exclude)bench/report"]).strip()
+                    "--untracked-files=no", "--", *(paths or (".",)), *NOT_CODE]).strip()
     except (OSError, subprocess.CalledProcessError):
         return f"unknown ({tree} is no git checkout)"
     return sha + (" (with uncommitted changes)" if dirty else "")
