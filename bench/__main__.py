@@ -88,7 +88,7 @@ BENCHMARKS = (
               "per-event cost of fentry, kprobe and tracepoint modes beside CEEMS, in the VM"),
     Benchmark("rdma-verbs", "rdma_verbs", ("rdma-verbs",), ("root", "vm"),
               "what the RDMA probe adds to control-path verbs on soft-RoCE"),
-    Benchmark("explain", "explain", ("explain", "explain-faults"), ("root", "slurm"),
+    Benchmark("explain", "explain", ("explain",), ("root", "slurm"),
               "explain on a healthy fleet (findings, bar 0; answer time), then how soon after "
               "a fault it ranks it first"),
     Benchmark("gpu", "gpu", ("gpu",), ("root", "gpu"),

@@ -4,6 +4,7 @@ of network namespaces joined by a veth, a scratch tmpfs. Each has its
 undo, meant for the experiment's rollbacks."""
 from __future__ import annotations
 
+import errno
 import mmap
 import os
 import signal
@@ -65,9 +66,14 @@ def stop_workload(cgroup: str, directory: str | None = None) -> dict:
             # Also the way out once the cgroup is gone: rmdir finds nothing.
             try:
                 os.rmdir(path)
+                break
             except FileNotFoundError:
-                pass
-            break
+                break
+            except OSError as e:
+                # cgroup.procs empties before the last task is freed; until
+                # then rmdir says EBUSY: wait for it as for the kill
+                if e.errno != errno.EBUSY:
+                    raise
         for pid in pids:
             for sig in (signal.SIGKILL, signal.SIGCONT):
                 try:
@@ -76,6 +82,8 @@ def stop_workload(cgroup: str, directory: str | None = None) -> dict:
                     pass
             killed.append(pid)
         time.sleep(0.05)
+    else:
+        raise RuntimeError(f"cgroup {cgroup} still busy after killing {sorted(set(killed))}")
     if directory:
         try:
             os.unlink(_data_file(directory, cgroup))
