@@ -166,11 +166,6 @@ static __always_inline int hist_of(__u32 op)
 	       op == OP_FSYNC ? HIST_FSYNC : HIST_NONE;
 }
 
-#include "io_sample.bpf.h"
-#include "io_clocks.bpf.h"
-
-#include "io_mounts.bpf.h"
-
 /* The task's cgroup key (cgroup_key.bpf.h) read with plain loads: its v2
  * cgroup (what bpf_get_current_cgroup_id returns) or the cgroup of its css
  * of the chosen v1 subsystem. */
@@ -185,6 +180,11 @@ static __always_inline __u64 cgroup_id_of(struct task_struct *task)
 		return 0;
 	return task->cgroups->subsys[s]->cgroup->kn->id;
 }
+
+#include "io_sample.bpf.h"
+#include "io_clocks.bpf.h"
+
+#include "io_mounts.bpf.h"
 
 static __always_inline bool same_key(const struct io_key *a, const struct io_key *b)
 {

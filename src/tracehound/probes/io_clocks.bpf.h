@@ -6,7 +6,12 @@
  * middle of a call (tp_sched_switch), the slot's start moves to that task's
  * own storage and the slot is emptied, so a slot in use always belongs to
  * the task running on its CPU; exit looks in the task's storage when the
- * slot is empty. One slot for the syscall hooks, one for fentry. */
+ * slot is empty. One slot for the syscall hooks, one for fentry.
+ *
+ * Entry also keeps the call's mount and cgroup, so that exit, which finds
+ * them in the slot, needs neither the task (a helper call, the dearest step
+ * of the hook after the clock) nor the file: a call is counted where it
+ * started. */
 enum clock_user { CLOCK_SYSCALL = 0, CLOCK_VFS, CLOCKS };
 
 struct clock {
@@ -16,6 +21,7 @@ struct clock {
 	__u32 op;      /* its kind, whose sampler picked it */
 	int mnt;       /* its file's mount, found at entry; < 0: not counted */
 	__u32 pad;
+	__u64 cgroup;  /* its task's cgroup key at entry (when mnt >= 0) */
 };
 
 /* what clock_stop says of the mount when it found no start of the call */
@@ -68,15 +74,18 @@ static __always_inline void clock_start(__u32 user, long id, __u32 op, int mnt,
 	c->id = id;
 	c->op = op;
 	c->mnt = mnt;
+	if (mnt >= 0)
+		c->cgroup = cgroup_id_of(task);
 	c->ts = ts ? ts : CLOCK_UNTIMED;
 	c->weight = weight;
 }
 
 /* ns since this call's clock_start, or 0 when it has none (not sampled, or
  * it began before the probe was attached); *weight: the calls it stands for;
- * *mnt: its file's mount as found at its start, MNT_UNKNOWN without one */
-static __always_inline __u64 clock_stop(__u32 user, struct task_struct *task, long id,
-					__u32 *weight, int *mnt)
+ * *mnt and *cgroup: its file's mount and its cgroup as found at its start,
+ * *mnt MNT_UNKNOWN without one (then *cgroup is left alone) */
+static __always_inline __u64 clock_stop(__u32 user, long id, __u32 *weight, int *mnt,
+					__u64 *cgroup)
 {
 	struct clock *c = clock_slot(user);
 	struct moved_clocks *moved;
@@ -87,6 +96,7 @@ static __always_inline __u64 clock_stop(__u32 user, struct task_struct *task, lo
 	if (c->ts) {
 		if (c->id == id) {
 			*mnt = c->mnt;
+			*cgroup = c->cgroup;
 			if (c->ts != CLOCK_UNTIMED) {
 				ts = c->ts;
 				*weight = c->weight;
@@ -94,11 +104,12 @@ static __always_inline __u64 clock_stop(__u32 user, struct task_struct *task, lo
 		}
 		c->ts = 0;
 	} else {
-		moved = bpf_task_storage_get(&moved_clocks, task, 0, 0);
+		moved = bpf_task_storage_get(&moved_clocks, bpf_get_current_task_btf(), 0, 0);
 		if (moved && moved->c[user].ts && moved->c[user].id == id) {
 			ts = moved->c[user].ts;
 			*weight = moved->c[user].weight;
 			*mnt = moved->c[user].mnt;
+			*cgroup = moved->c[user].cgroup;
 			moved->c[user].ts = 0;
 		}
 	}

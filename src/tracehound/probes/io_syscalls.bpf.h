@@ -121,7 +121,7 @@ int BPF_PROG(tp_sys_exit, struct pt_regs *regs, long ret)
 	long id = r->orig_ax;
 	int op = syscall_op(id), mnt;
 	struct task_struct *task;
-	__u64 delta = 0;
+	__u64 delta = 0, cgroup;
 	__u32 weight = 0;
 
 	if (!tp_counts(op)) {
@@ -129,15 +129,22 @@ int BPF_PROG(tp_sys_exit, struct pt_regs *regs, long ret)
 			tp_async_exit(id, r, ret);
 		return 0;
 	}
+	if (op == OP_READ || op == OP_WRITE || op == OP_FSYNC) {
+		mnt = MNT_UNKNOWN;
+		/* the mount and cgroup its entry found, where it saw the call */
+		if (timed(op))
+			delta = clock_stop(CLOCK_SYSCALL, id, &weight, &mnt, &cgroup);
+		if (mnt == MNT_UNKNOWN) {
+			task = bpf_get_current_task_btf();
+			mnt = fd_mount(task, r->di);
+			cgroup = cgroup_id_of(task);
+		}
+		if (mnt >= 0)
+			account_cg(cgroup, mnt, 0, op, ret, delta, weight);
+		return 0;
+	}
 	task = bpf_get_current_task_btf();
 	switch (op) {
-	case OP_READ: case OP_WRITE: case OP_FSYNC:
-		mnt = MNT_UNKNOWN;
-		if (timed(op))   /* the mount its entry found, where it saw the call */
-			delta = clock_stop(CLOCK_SYSCALL, task, id, &weight, &mnt);
-		if (mnt == MNT_UNKNOWN)
-			mnt = fd_mount(task, r->di);
-		break;
 	case OP_OPEN:
 		tp_open_exit(task, id, r, ret);
 		return 0;
@@ -152,7 +159,7 @@ int BPF_PROG(tp_sys_exit, struct pt_regs *regs, long ret)
 		}
 	}
 	if (mnt >= 0)
-		account_in(task, mnt, 0, op, ret, delta, weight);
+		account_in(task, mnt, 0, op, ret, 0, 0);
 	return 0;
 }
 

@@ -25,15 +25,17 @@ static void cancel_call_start(void);
 
 static __always_inline void fx_file(__u32 op, struct file *f, long ret)
 {
-	struct task_struct *task = bpf_get_current_task_btf();
 	__u32 weight = 0;
 	int mnt = MNT_UNKNOWN;
-	__u64 delta = timed(op) ? clock_stop(CLOCK_VFS, task, op, &weight, &mnt) : 0;
+	__u64 cgroup, delta = timed(op) ? clock_stop(CLOCK_VFS, op, &weight, &mnt, &cgroup) : 0;
 
-	if (mnt == MNT_UNKNOWN)
+	/* without a start, what the call's start would have found */
+	if (mnt == MNT_UNKNOWN) {
 		mnt = mount_id_typed(f->f_path.mnt);
+		cgroup = cgroup_id_of(bpf_get_current_task_btf());
+	}
 	if (mnt >= 0)
-		account_in(task, mnt, 0, op, ret, delta, weight);
+		account_cg(cgroup, mnt, 0, op, ret, delta, weight);
 }
 
 static __always_inline void fx_sb(__u32 op, struct super_block *sb, long ret)
