@@ -9,9 +9,11 @@ Two phases:
   throughput  fio per workload and condition, conditions interleaved over
               rounds so drift and neighbours' noise hit every condition
               alike; BPF run statistics are off (they cost time themselves)
-  cost        one run per tool and workload with BPF run-time statistics on:
-              run_time_ns and run_cnt of the tool's own programs, delta over
-              each fio run
+  cost        with BPF run-time statistics on, over --cost-rounds rounds
+              (one fresh start of each tool per round, in an order rotated
+              every round): run_time_ns and run_cnt of the tool's own
+              programs, delta over each fio run; a net is taken against the
+              empty hooks of the same round
 """
 from __future__ import annotations
 
@@ -29,8 +31,8 @@ from pathlib import Path
 from bench.common import REPO, REPORT, log, verdict
 from bench.overhead.report import CONDITIONS, WORKLOADS, write_reports
 from bench.overhead.tools import (agent_has_option, enable_stats, facts, fio_cmd, mount_id_of,
-                                  mount_offset, prog_stats, run_fio, stats_delta, summarize,
-                                  tree_env)
+                                  mount_offset, pool_rounds, prog_stats, run_fio, stats_delta,
+                                  summarize, tree_env)
 from bench.tracer import Tool
 
 from tracehound.terminal_progress import steps
@@ -148,7 +150,8 @@ def estimate_s(args, conds: list[str], wls: list[str]) -> float:
     fio_s = sum(args.runtime if w == "randread-4k" else args.seq_runtime for w in wls) \
         + FIO_START_S * len(wls)
     starts = sum(TOOL_START_S.get(c, 0) for c in conds)
-    return args.rounds * (len(conds) * fio_s + starts) + (len(conds) - 1) * fio_s + 2 * starts + 5
+    return (args.rounds * (len(conds) * fio_s + starts)
+            + args.cost_rounds * ((len(conds) - 1) * fio_s + starts) + starts + 5)
 
 
 # ---- main --------------------------------------------------------------------
@@ -160,6 +163,8 @@ def main() -> int:
     ap.add_argument("--hook-mode", default="auto", choices=["auto", "fentry", "kprobe", "tracepoint"])
     ap.add_argument("--out", type=Path, default=REPORT)
     ap.add_argument("--rounds", type=int, help="interleaved rounds (default 5, quick 2)")
+    ap.add_argument("--cost-rounds", type=int,
+                    help="rounds of the cost phase, each a fresh start of every tool (default 3, quick 1)")
     ap.add_argument("--runtime", type=int, help="seconds per 4 KiB fio run (default 4, quick 2)")
     ap.add_argument("--seq-runtime", type=int, help="seconds per 1 MiB fio run (default 3, quick 1)")
     ap.add_argument("--workloads", default=",".join(WORKLOADS),
@@ -168,6 +173,9 @@ def main() -> int:
     ap.add_argument("--cpu", type=int, help="CPU to pin fio to (default: the last one)")
     args = ap.parse_args()
     args.rounds = args.rounds or (2 if args.quick else 5)
+    args.cost_rounds = args.cost_rounds or (1 if args.quick else 3)
+    if args.rounds < 1 or args.cost_rounds < 1:
+        sys.exit("--rounds and --cost-rounds: 1 or more")
     args.runtime = args.runtime or (2 if args.quick else 4)
     args.seq_runtime = args.seq_runtime or (1 if args.quick else 3)
     wls = [w for w in WORKLOADS if w in args.workloads.split(",")]
@@ -250,22 +258,27 @@ def main() -> int:
                 f" (baseline rounds -{tp[w]['baseline']['noise_down_pct']:.2f}"
                 f"/+{tp[w]['baseline']['noise_up_pct']:.2f} %)")
 
-        log("per-event cost with BPF run-time statistics on")
+        log(f"per-event cost with BPF run-time statistics on, {args.cost_rounds} round(s)")
         stats_fd = enable_stats()
         mnt_id = mount_id_of(tmp)
-        cs = {}
-        for name in conds[1:]:
-            cs[name] = c = cost(tools[name], fio, tmp, mnt_id)
-            log(f"{name}: " + ", ".join(f"{w} {c['workloads'][w]['ns_per_io']:.1f}" for w in wls) +
-                " ns per I/O syscall" + ("" if c["counted"] is None else
-                "; counted " + ", ".join(f"{c['counted'][d]} of fio's {n} {d}s"
-                                         for d, n in c["fio_ios"].items() if n)))
+        runs: dict[str, list[dict]] = {name: [] for name in conds[1:]}
+        for r in range(args.cost_rounds):
+            order = conds[1:][r % len(runs):] + conds[1:][:r % len(runs)]
+            for name in order:
+                runs[name].append(c := cost(tools[name], fio, tmp, mnt_id))
+                log(f"cost round {r + 1}/{args.cost_rounds}, {name}: " + ", ".join(
+                    f"{w} {c['workloads'][w]['ns_per_io']:.1f}" for w in wls) +
+                    " ns per I/O syscall" + ("" if c["counted"] is None else
+                    "; counted " + ", ".join(f"{c['counted'][d]} of fio's {n} {d}s"
+                                             for d, n in c["fio_ios"].items() if n)))
+        cs = {name: pool_rounds(rs) for name, rs in runs.items()}
         os.close(stats_fd)
         stats_fd = None
         machine["loadavg_end"] = Path("/proc/loadavg").read_text().split()[:3]
 
         res = {"settings": {"quick": args.quick, "rounds": args.rounds, "runtime_s": args.runtime,
                             "seq_runtime_s": args.seq_runtime, "size_mib": args.size_mib,
+                            "cost_rounds": args.cost_rounds,
                             "cpu": args.cpu, "hook_mode": args.hook_mode, "workloads": wls,
                             "conditions": conds, "latency_off": latency_off,
                             "stats_on_during_throughput": stats_on},

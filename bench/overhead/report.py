@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 import json
+import statistics
 from pathlib import Path
 
 from bench.common import REPORT, verdict
@@ -41,20 +42,27 @@ def scale(w: str) -> float:
     return 1.0 if WORKLOADS[w]["unit"] == "IOPS" else WORKLOADS[w]["bytes"] / (1 << 20)
 
 
+def per_run(r: dict) -> float:
+    return r["total_run_time_ns"] / r["program_runs"] if r["program_runs"] else 0.0
+
+
 def add_floors(cs: dict) -> dict:
     """Per workload, what each empty condition's programs cost per run under
-    bpf_stats (its own clock reads plus the call); each tool's run time is
-    then also given net of it, per program run the tool made."""
+    bpf_stats (its own clock reads plus the call), the median of its cost
+    rounds; each tool's run time is then also given net of the floor of the
+    same round, per program run the tool made, as the median of its rounds'
+    nets (so drift between rounds hits both sides of each difference)."""
     floors = {}
     for w in next(iter(cs.values()))["workloads"]:
-        floors[w] = {}
-        for e in ("empty", "empty-exit"):
-            x = cs[e]["workloads"][w]
-            floors[w][e] = x["total_run_time_ns"] / x["program_runs"] if x["program_runs"] else 0.0
+        floors[w] = {e: statistics.median(per_run(r) for r in cs[e]["workloads"][w]["rounds"])
+                     for e in ("empty", "empty-exit")}
         for t, e in FLOOR_OF.items():
             if t in cs:
                 x = cs[t]["workloads"][w]
-                x["net_ns_per_io"] = x["ns_per_io"] - floors[w][e] * x["program_runs"] / x["fio"]["total_ios"]
+                floor_rounds = cs[e]["workloads"][w]["rounds"]
+                x["net_rounds"] = [r["ns_per_io"] - per_run(f) * r["program_runs"] / r["total_ios"]
+                                   for r, f in zip(x["rounds"], floor_rounds)]
+                x["net_ns_per_io"] = statistics.median(x["net_rounds"])
     return floors
 
 
@@ -80,8 +88,7 @@ def verdicts(res: dict) -> list[tuple[str, str, bool | None]]:
         out += [
             (f"4 KiB: BPF run time per I/O syscall, latency on, net of the empty-hook floor "
              f"≤ {TARGET_NET_NS:g} ns",
-             f"{th['net_ns_per_io']:.1f} ns ({th['ns_per_io']:.1f} raw − {fl:.1f} ns floor × "
-             f"{th['program_runs'] / th['fio']['total_ios']:.2f} runs per syscall)",
+             net_text(th, fl),
              th["net_ns_per_io"] <= TARGET_NET_NS),
             (f"4 KiB: throughput loss, latency on ≤ floor + {ON_MARGIN_PCT:g} %",
              f"{t['tracehound']['loss_pct']:.2f} % (limit {e + ON_MARGIN_PCT:.2f} %; floor = "
@@ -126,6 +133,18 @@ def verdicts(res: dict) -> list[tuple[str, str, bool | None]]:
                 ("4 KiB: cheaper than bpftrace, throughput loss (latency on)",
                  f"{lt:.2f} vs {lb:.2f} %", lt < lb)]
     return out
+
+
+def net_text(x: dict, floor: float) -> str:
+    """How a net run time per syscall was taken: one round's raw less its
+    floor, or the median of several rounds' nets, each against its own round."""
+    if len(x["net_rounds"]) == 1:
+        return (f"{x['net_ns_per_io']:.1f} ns ({x['ns_per_io']:.1f} raw − {floor:.1f} ns floor × "
+                f"{x['program_runs'] / x['fio']['total_ios']:.2f} runs per syscall)")
+    return (f"{x['net_ns_per_io']:.1f} ns (median of {len(x['net_rounds'])} rounds' nets, each its "
+            f"run time less the same round's floor × runs per syscall: "
+            + ", ".join(f"{n:.1f}" for n in x["net_rounds"]) + f"; all rounds pooled: "
+            f"{x['ns_per_io']:.1f} raw, floor {floor:.1f} ns per run)")
 
 
 def floors_under_latency_on(t: dict, c: dict, e: float, x: float) -> list[tuple[str, str, None]]:
@@ -229,8 +248,12 @@ def cost_tables(res: dict) -> list[str]:
     cs, floors = res["cost"], res["floors"]
     conds = [c for c in res["settings"]["conditions"] if c != "baseline"]
     wls = list(floors)
-    L = ["## Per-event cost (BPF run-time statistics on; per condition one fresh start, every "
-         "workload under it)", "",
+    rounds = res["settings"].get("cost_rounds", 1)
+    L = ["## Per-event cost (BPF run-time statistics on; " +
+         ("per condition one fresh start, every workload under it)" if rounds == 1 else
+          f"{rounds} rounds, each a fresh start of every condition in an order rotated every round, "
+          "every workload under it; counts and run times below are the rounds' sums, *net of "
+          "floor* the median of the rounds' nets, each against the floor of its own round)"), "",
          "| workload | condition | fio I/Os | program runs | runs per I/O | BPF run time | "
          "ns per I/O syscall | net of floor |", "|---|---|---:|---:|---:|---:|---:|---:|"]
     for w in wls:

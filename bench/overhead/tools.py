@@ -121,6 +121,48 @@ def run_fio(cmd: list[str], direction: str) -> dict:
 
 # ---- numbers -----------------------------------------------------------------
 
+def pool_rounds(rounds: list[dict]) -> dict:
+    """A condition's cost runs over several rounds (one fresh start each) as
+    one: run times, runs and I/Os summed, programs by name (their ids change
+    with every start). Each workload keeps its rounds' own figures, so that
+    a net can be taken against the floor of the same round (report.add_floors)."""
+    if len(rounds) == 1:
+        out = dict(rounds[0])
+        for x in out["workloads"].values():
+            x["rounds"] = [round_figures(x)]
+        return out
+    workloads = {}
+    for w in rounds[0]["workloads"]:
+        xs = [r["workloads"][w] for r in rounds]
+        progs: dict[tuple, dict] = {}
+        for x in xs:
+            for q in x["programs"]:
+                p = progs.setdefault((q["name"], q["type"]), {"id": [], "name": q["name"], "type": q["type"],
+                                                               "run_time_ns": 0, "run_cnt": 0})
+                p["id"].append(q["id"])
+                p["run_time_ns"] += q["run_time_ns"]
+                p["run_cnt"] += q["run_cnt"]
+        for p in progs.values():
+            p["id"] = "/".join(map(str, p["id"]))
+            p["ns_per_run"] = p["run_time_ns"] / p["run_cnt"] if p["run_cnt"] else None
+        ios = sum(x["fio"]["total_ios"] for x in xs)
+        total = sum(x["total_run_time_ns"] for x in xs)
+        workloads[w] = {"fio": {"total_ios": ios, "iops": statistics.median(x["fio"]["iops"] for x in xs)},
+                        "programs": list(progs.values()), "total_run_time_ns": total,
+                        "program_runs": sum(x["program_runs"] for x in xs), "ns_per_io": total / ios,
+                        "rounds": [round_figures(x) for x in xs]}
+    counted = None
+    if rounds[0]["counted"] is not None:
+        counted = {d: sum(r["counted"][d] for r in rounds) for d in rounds[0]["counted"]}
+    return {"programs": rounds[0]["programs"], "workloads": workloads, "counted": counted,
+            "fio_ios": {d: sum(r["fio_ios"][d] for r in rounds) for d in rounds[0]["fio_ios"]}}
+
+
+def round_figures(x: dict) -> dict:
+    return {"ns_per_io": x["ns_per_io"], "total_run_time_ns": x["total_run_time_ns"],
+            "program_runs": x["program_runs"], "total_ios": x["fio"]["total_ios"]}
+
+
 def summarize(iops: dict[str, list[float]]) -> dict:
     """Per condition: median and spread of its rounds, loss against the
     baseline, and for the baseline how far its own rounds stray from their
