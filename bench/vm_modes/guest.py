@@ -235,7 +235,8 @@ def session(cfg: dict, res: dict, name: str, tool: Tool | None, r: int, cgroup: 
             if r == 0:
                 res["tools"][name] = {"cmd": tool.cmd, "programs": len(tool.prog_ids),
                                       "status": [re.sub(r"\s+", " ", l) for l in tool.lines
-                                                 if "probe io" in l or l.startswith("attached")]}
+                                                 if "probe io" in l or "tracehound: latency" in l
+                                                 or l.startswith("attached")]}
             count = (lambda: tracehound_counts(tool)) if name.startswith("th-") else \
                 (lambda: ceems_counts(tool, cgroup.stat().st_ino)) if name == "ceems" else None
             runs = res["cost_runs"].setdefault(name, {})

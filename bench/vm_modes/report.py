@@ -193,7 +193,7 @@ def markdown(res: dict, s: dict, verdict: list) -> str:
     L += [f"| {t} | {h} | {k} | {c} |" for t, h, k, c in COUNTS]
     modes = {c: t["status"] for c, t in res["tools"].items() if c.startswith("th-")}
     if modes:
-        L += ["", "Hook modes the agent reported:", ""]
+        L += ["", "Hook modes (and the sampling of its timed calls) the agent reported:", ""]
         L += [f"- {LABELS[c]}: " + "; ".join(x.split("tracehound: ")[-1] for x in st)
               for c, st in modes.items()]
     L += ["", "## Did they count?", "",

@@ -34,8 +34,9 @@ class AgentConfig:
     # --latency audit: sampled as on, and every call also timed into a
     # histogram of its own in the kernel (io_audit), for measuring the sampler
     latency_audit: bool = False
-    # about one timed call of a kind per CPU per this many ns while calls come faster
-    latency_sample_gap_ns: int = defaults.LATENCY_SAMPLE_GAP_NS
+    # about one timed call of a kind per CPU per this many ns while calls come
+    # faster; None: by the kernel's clock source (host/clocksource.py)
+    latency_sample_gap_ns: int | None = None
     # a workload idle (or all stopped) this long is stalled; 0: detector off
     stall_after_s: float = defaults.STALL_AFTER_S
     stall_cgroups: str | None = None

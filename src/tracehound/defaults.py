@@ -33,6 +33,11 @@ LATENCY_PROBES = ("io.read", "io.write", "io.fsync")
 # calls are all timed. Two clock reads cost ~120 ns on a host: timing at most
 # ~50,000 calls a second per CPU and kind keeps that under 1 % of a CPU.
 LATENCY_SAMPLE_GAP_NS = 20_000
+# ... where the kernel's clock source is a device (HPET, ACPI PM timer;
+# host/clocksource.py), a read costs hundreds of ns to microseconds, and 20 us
+# would spend several % of a CPU on clock reads; 100 us keeps it near 1 %, and
+# still times ten thousand calls a second per CPU and kind
+LATENCY_SAMPLE_GAP_SLOW_CLOCK_NS = 100_000
 # capacity of the RDMA probe's mirror of the kernel's resource tracker
 RDMA_MAX_OBJECTS = 16384
 # how long RDMA objects may outlive their process, or the mirror disagree

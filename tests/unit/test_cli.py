@@ -113,6 +113,27 @@ def test_a_sample_gap_out_of_range_is_refused(value):
     assert "--latency-sample-gap" in res.stderr and "microseconds" in res.stderr
 
 
+@pytest.mark.parametrize("source,gap_ns", [("tsc", 20_000), ("kvm-clock", 20_000),
+                                            ("hpet", 100_000), ("acpi_pm", 100_000),
+                                            (None, 20_000)])
+def test_without_a_sample_gap_the_clock_source_sets_it(monkeypatch, source, gap_ns):
+    """A clock read costs tens of ns from the CPU's counter, far more from a
+    device: there the default gap is wider, and the agent says why."""
+    from tracehound.config import AgentConfig
+    from tracehound.host import clocksource
+    from tracehound.host.mounts import MountTable
+    from tracehound.subsystems.base import Context
+    from tracehound.subsystems.io import IoSubsystem
+    monkeypatch.setattr(clocksource, "current", lambda: source)
+    here = os.path.dirname(__file__)
+    ctx = Context(AgentConfig(), MountTable(os.path.join(here, "fixtures", "exposition",
+                                                         "mountinfo")), None)
+    io = IoSubsystem(ctx)
+    assert io.probe.config.sample_gap_ns == gap_ns
+    assert f"about one call per {gap_ns // 1000} us" in io.sampling
+    assert (source or "unknown") in io.sampling
+
+
 @pytest.mark.parametrize("sampled,gap_ns", [(True, 250_000), (False, 0)])
 def test_the_sample_gap_reaches_the_io_probe_when_calls_are_sampled(sampled, gap_ns):
     """--latency every times every call: no gap reaches the kernel then."""

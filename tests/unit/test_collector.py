@@ -357,10 +357,14 @@ def test_the_timed_calls_of_sampled_timing_are_exported_per_op(tmp_path):
     timed = {s.labels["op"]: s.value for s in fams["tracehound_io_latency_timed_calls"].samples
              if s.name.endswith("_total")}
     assert timed == {"read": 12, "write": 2, "fsync": 1}
+    [gap] = fams["tracehound_io_latency_sample_gap_seconds"].samples
+    assert gap.value == c.probe.config.sample_gap_ns / 1e9
 
 
 def test_every_call_timed_exports_no_timed_calls(tmp_path):
     c = collector([], tmp_path)
     c.probe.config.sample_gap_ns = 0
     c.probe.maps["io_samplers"] = SamplerMap({0: [5], 1: [0], 2: [1]})
-    assert "tracehound_io_latency_timed_calls" not in scrape(c)
+    fams = scrape(c)
+    assert "tracehound_io_latency_timed_calls" not in fams
+    assert "tracehound_io_latency_sample_gap_seconds" not in fams

@@ -296,6 +296,12 @@ class IoCollector:
             for op, n in timed.items():
                 fam.add_metric([op], n)
             yield fam
+            # timed calls are only counted apart when calls are sampled
+            yield GaugeMetricFamily(
+                "tracehound_io_latency_sample_gap_seconds",
+                "Sampled timing: about one call of a kind per CPU is timed in this long "
+                "while calls come faster (--latency-sample-gap, or picked by the clock "
+                "source).", value=self.probe.config.sample_gap_ns / 1e9)
         entries = GaugeMetricFamily("tracehound_map_entries",
                                     "Entries in a BPF map as this scrape read it.",
                                     labels=["map"])

@@ -175,11 +175,13 @@ def add_parser(sub, hook) -> None:
                           "call also timed into a histogram the kernel keeps apart, at every's "
                           "cost; docs/io.md); bytes, calls and errors are exact in every case")
     run.add_argument("--latency-sample-gap", type=_microseconds(1, 1_000_000),
-                     default=defaults.LATENCY_SAMPLE_GAP_NS // 1000, metavar="MICROSECONDS",
+                     metavar="MICROSECONDS",
                      help="with --latency on: time about one call of a kind per CPU in this "
                           "many microseconds while they come faster (default "
-                          f"{defaults.LATENCY_SAMPLE_GAP_NS // 1000}); larger costs less and "
-                          "gives the histograms fewer samples")
+                          f"{defaults.LATENCY_SAMPLE_GAP_NS // 1000}, or "
+                          f"{defaults.LATENCY_SAMPLE_GAP_SLOW_CLOCK_NS // 1000} where the "
+                          "kernel's clock source is slow to read, such as hpet or acpi_pm); "
+                          "larger costs less and gives the histograms fewer samples")
     run.add_argument("--rdma-grace", type=_seconds(0, MAX_GRACE_S), default=defaults.RDMA_GRACE_S,
                      metavar="SECONDS",
                      help="how long RDMA objects may outlive their process, or the mirror "
@@ -283,7 +285,8 @@ def _run(args) -> int:
                            latency_histograms=args.latency_histograms,
                            latency=args.latency[0], latency_sampled=args.latency[1],
                            latency_audit=args.latency[2],
-                           latency_sample_gap_ns=args.latency_sample_gap * 1000,
+                           latency_sample_gap_ns=(None if args.latency_sample_gap is None
+                                                  else args.latency_sample_gap * 1000),
                            stall_after_s=args.stall_after,
                            stall_cgroups=args.stall_cgroups,
                            pressure_max_cgroups=args.pressure_max_cgroups,

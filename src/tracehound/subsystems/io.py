@@ -7,6 +7,7 @@ from ..bpf import features
 from .. import defaults
 from ..collectors.io import IoCollector
 from ..detect.schedule import Job
+from ..host import clocksource
 from ..probes import object_path
 from ..probes.io import GROUPS, IoProbe, IoProbeConfig
 from .base import DoctorReport, Subsystem, check_line, mode_lines
@@ -26,7 +27,16 @@ class IoSubsystem(Subsystem):
         # no histogram exported: nothing to time either
         timed = frozenset() if c.latency_histograms == "off" else \
             frozenset(p.removeprefix("io.") for p in c.latency)
-        gap = c.latency_sample_gap_ns if c.latency_sampled else 0
+        gap = 0
+        if not c.latency_sampled:
+            self.sampling = "every call timed"
+        elif c.latency_sample_gap_ns is not None:
+            gap, self.sampling = c.latency_sample_gap_ns, "--latency-sample-gap"
+        else:
+            gap, self.sampling = clocksource.sample_gap_ns(clocksource.current())
+        if gap:
+            self.sampling = f"about one call per {gap / 1000:g} us per CPU and kind " \
+                            f"while calls come faster ({self.sampling})"
         self.probe = IoProbe(IoProbeConfig(c.hook_mode, c.skip_fstypes, c.max_entries, timed,
                                            cgroup_key=_key(ctx), sample_gap_ns=gap,
                                            audit=c.latency_audit and bool(gap)), ctx.mounts)
@@ -57,9 +67,10 @@ class IoSubsystem(Subsystem):
         return self.probe.modes()
 
     def status_lines(self) -> list[str]:
+        timing = [f"latency    {self.sampling}"] if self.probe.config.latency else []
         return mode_lines(self.modes()) + [
             f"probe {name:<10} not hooked on this kernel: {why}"
-            for name, why in self.probe.missing().items()]
+            for name, why in self.probe.missing().items()] + timing
 
     @classmethod
     def doctor(cls, hook_mode: str) -> DoctorReport:
