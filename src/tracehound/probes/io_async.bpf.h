@@ -125,6 +125,9 @@ static __always_inline void uring_submitted(void *req)
 	now = sample_start(op, &weight, bpf_get_current_task());
 	if (!now)
 		return;
+	/* it completes on any CPU, microseconds later and more: its CPU's
+	 * sampler is set now */
+	sample_timed(op, now, weight);
 	slot = uring_slot((__u64)req, &tag);
 	*slot = tag << URING_TAG_SHIFT | (weight & URING_WEIGHT_MASK) << URING_TS_BITS |
 		(now & URING_TS_MASK);

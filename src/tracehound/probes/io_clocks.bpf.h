@@ -89,7 +89,8 @@ static __always_inline __u64 clock_stop(__u32 user, long id, __u32 *weight, int 
 {
 	struct clock *c = clock_slot(user);
 	struct moved_clocks *moved;
-	__u64 ts = 0;
+	__u64 ts = 0, now;
+	__u32 op = 0;
 
 	if (!c || user >= CLOCKS)
 		return 0;
@@ -100,6 +101,7 @@ static __always_inline __u64 clock_stop(__u32 user, long id, __u32 *weight, int 
 			if (c->ts != CLOCK_UNTIMED) {
 				ts = c->ts;
 				*weight = c->weight;
+				op = c->op;
 			}
 		}
 		c->ts = 0;
@@ -110,10 +112,15 @@ static __always_inline __u64 clock_stop(__u32 user, long id, __u32 *weight, int 
 			*weight = moved->c[user].weight;
 			*mnt = moved->c[user].mnt;
 			*cgroup = moved->c[user].cgroup;
+			op = moved->c[user].op;
 			moved->c[user].ts = 0;
 		}
 	}
-	return ts ? bpf_ktime_get_ns() - ts : 0;
+	if (!ts)
+		return 0;
+	now = bpf_ktime_get_ns();
+	sample_timed(op, ts, *weight);
+	return now - ts;
 }
 
 static __always_inline void move_clock(__u32 user, struct task_struct *prev)

@@ -165,6 +165,8 @@ static __always_inline int finish(long ret)
 		return 0;
 	delta = s->ts ? bpf_ktime_get_ns() - s->ts : 0;
 	mnt = s->mnt; flags = s->flags; op = s->op; weight = s->weight;
+	if (delta)
+		sample_timed(op, s->ts, weight);
 	file = (struct file *)s->file;
 	s->op = OP_MAX;
 	account(mnt, flags, op, ret, delta, weight);
