@@ -9,8 +9,8 @@
  *
  * The decision costs a per-CPU count and one cheap helper call (the tick
  * counter; the caller hands over the task it already fetched): no clock, no
- * random number. Each timed call, which reads the
- * clock anyway, sets the next interval once its clock has stopped: k from the rate it measured since
+ * random number. Each timed call, which reads the clock anyway, sets the
+ * next interval once its clock has stopped: k from the rate it measured since
  * the last timed one (about one call per settings.sample_gap_ns is timed),
  * the length drawn from the clock's bits among the odd numbers below
  * 2^(k+1), whose mean is 2^k, so a pattern in the calls cannot line up with

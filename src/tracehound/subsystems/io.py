@@ -27,16 +27,14 @@ class IoSubsystem(Subsystem):
         # no histogram exported: nothing to time either
         timed = frozenset() if c.latency_histograms == "off" else \
             frozenset(p.removeprefix("io.") for p in c.latency)
-        gap = 0
         if not c.latency_sampled:
-            self.sampling = "every call timed"
+            gap, why = 0, ""
         elif c.latency_sample_gap_ns is not None:
-            gap, self.sampling = c.latency_sample_gap_ns, "--latency-sample-gap"
+            gap, why = c.latency_sample_gap_ns, "--latency-sample-gap"
         else:
-            gap, self.sampling = clocksource.sample_gap_ns(clocksource.current())
-        if gap:
-            self.sampling = f"about one call per {gap / 1000:g} us per CPU and kind " \
-                            f"while calls come faster ({self.sampling})"
+            gap, why = clocksource.sample_gap_ns(clocksource.current())
+        self.sampling = (f"about one call per {gap / 1000:g} us per CPU and kind while calls "
+                         f"come faster ({why})" if gap else "every call timed")
         self.probe = IoProbe(IoProbeConfig(c.hook_mode, c.skip_fstypes, c.max_entries, timed,
                                            cgroup_key=_key(ctx), sample_gap_ns=gap,
                                            audit=c.latency_audit and bool(gap)), ctx.mounts)
