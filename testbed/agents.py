@@ -17,6 +17,9 @@ from testbed.slurm import Cluster
 # a fatal XID keeps its node unfit this long: long enough for a job to be
 # placed while the node is drained, short enough to see it come back
 FATAL_XID_WINDOW_S = 20
+# each node's agent is instance <prefix><node>: its local channel is
+# /run/tracehound/<prefix><node>.sock, where the node's health check asks
+INSTANCE_PREFIX = "thtest-"
 
 
 def stop(proc: subprocess.Popen) -> None:
@@ -56,7 +59,7 @@ class Agents:
             self.wait_started(node)
 
     def instance(self, node: str) -> str:
-        return f"thtest-{node}"
+        return f"{INSTANCE_PREFIX}{node}"
 
     def log(self, node: str) -> str:
         return os.path.join(self.cluster.node_dir(node), "agent.log")

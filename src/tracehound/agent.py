@@ -5,7 +5,7 @@ from __future__ import annotations
 import logging
 import threading
 
-from prometheus_client import CollectorRegistry
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
 from . import defaults, preflight
 from .instance import InstanceLock
@@ -19,6 +19,9 @@ from .config import AgentConfig
 from .detect.schedule import DetectorSchedule, Job
 from .errors import SetupError
 from .exporter.events import EventLog
+from .clients.local_agent import socket_path
+from .exporter.local import LocalChannel
+from .exporter.messages import Request, Response, text_response
 from .exporter.registry import register_all
 from .exporter.server import Exporter
 from .host.memory import release_free_memory
@@ -62,11 +65,14 @@ class Agent:
         self.v2_owners = v2_owners if v2_owners is not self.owners else None
         ctx = Context(config, self.mounts, self.owners, layout=self.layout,
                       v2_owners=v2_owners)
-        self.subsystems = [cls(ctx) for cls in subsystems]
+        self.subsystems = [cls(ctx) for cls in subsystems
+                           if config.subsystems is None or cls.name in config.subsystems]
         self.registry = CollectorRegistry(auto_describe=False)
         self.events = EventLog()
         self.exporter = Exporter(self.registry, config.listen, {"/events": self.events.wsgi},
                                  web_config=config.web_config)
+        local = socket_path(config.instance) if config.local_socket is None else config.local_socket
+        self.local = LocalChannel(local, self._local_request) if local else None
         self.schedule: DetectorSchedule | None = None
         self.names: CgroupNamesProbe | None = None
         self._started: list = []
@@ -75,6 +81,12 @@ class Agent:
     def start(self) -> "Agent":
         # Bind first: a busy port should fail before any BPF is loaded.
         self.exporter.start()
+        if self.local is not None:
+            try:
+                self.local.start()
+            except BaseException:
+                self.exporter.stop()
+                raise
         self.events.attach()
         # the kernel's names of new cgroups, before the watcher that races them
         self.names = CgroupNamesProbe(self.layout.key).start()
@@ -104,6 +116,22 @@ class Agent:
         release_free_memory()
         return self
 
+    def _local_request(self, request: Request) -> Response:
+        """The local channel: /health (what `tracehound health` decides on,
+        from the subsystems' state) and whatever the TCP port serves."""
+        if request.path != "/health":
+            return self.exporter.handle(request)
+        if not self.exporter.ready:
+            return text_response(503, "probes are loading\n", [("Retry-After", "1")])
+        families = []
+        for s in self.subsystems:
+            try:
+                families.extend(s.health_families())
+            except Exception as exc:       # a verdict on half the evidence is no verdict
+                return text_response(500, f"{s.name} health state unreadable: {exc}"[:300])
+        return Response(200, generate_latest(_Families(families)),
+                        [("Content-Type", CONTENT_TYPE_LATEST)])
+
     def _prune(self) -> None:
         for owners in (self.owners, self.v2_owners):
             if owners is not None:
@@ -112,6 +140,8 @@ class Agent:
     def stop(self) -> None:
         self._stop.set()
         self.exporter.stop()
+        if self.local is not None:
+            self.local.close()
         self.events.detach()
         if self.schedule is not None:
             self.schedule.stop()
@@ -128,6 +158,16 @@ class Agent:
 
     def wait(self) -> None:
         self._stop.wait()
+
+
+class _Families:
+    """A collector of families already made (for generate_latest)."""
+
+    def __init__(self, families: list):
+        self.families = families
+
+    def collect(self):
+        return self.families
 
 
 def run(config: AgentConfig, stop: threading.Event, out=None) -> int:
@@ -156,6 +196,8 @@ def run(config: AgentConfig, stop: threading.Event, out=None) -> int:
                 out(f"tracehound: serving metrics on {agent.exporter.url}")
                 out(f"tracehound: anomaly events on "
                     f"{agent.exporter.url.removesuffix('/metrics')}/events")
+                if agent.local is not None:
+                    out(f"tracehound: local channel (root only) on {agent.local.path}")
                 for s in agent.subsystems:
                     for line in s.status_lines():
                         out(f"tracehound: {line}")

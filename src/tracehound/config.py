@@ -57,3 +57,8 @@ class AgentConfig:
     cgroup_key: str = "auto"
     # only cgroups at or under this path of that hierarchy are exported
     cgroup_scope: str | None = None
+    # the root-only Unix socket local consumers read (exporter/local.py);
+    # None: RUN_DIR/<instance>.sock, "": none
+    local_socket: str | None = None
+    # the subsystems to run, by name; None: all (defaults.SUBSYSTEM_NAMES)
+    subsystems: frozenset[str] | None = None

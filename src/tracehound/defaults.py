@@ -70,6 +70,8 @@ STATE_DIR = "/var/lib/tracehound"
 # several agents share one host as named instances (`run --instance`): each
 # holds a lock under RUN_DIR and pins its maps under PIN_ROOT/<instance>
 INSTANCE = "default"
+# the agent's subsystems by name (`run --subsystems`), as subsystems/ lists them
+SUBSYSTEM_NAMES = ("io", "rdma", "gpu", "net", "exits", "pressure", "stall")
 RUN_DIR = "/run/tracehound"
 PIN_ROOT = "/sys/fs/bpf/tracehound"
 

@@ -17,7 +17,7 @@ import tempfile
 import pytest
 
 from testbed import prometheus as prometheus_server
-from testbed.agents import Agents
+from testbed.agents import INSTANCE_PREFIX, Agents
 from testbed.cli import tracehound_cmd
 from testbed.slurm import Cluster
 
@@ -48,6 +48,7 @@ def write_health_program(run_dir: str) -> str:
     with open(path, "w") as f:
         f.write("#!/bin/sh\n"
                 f"exec {tracehound_cmd()[0]} health --slurm-conf {run_dir}/slurm.conf "
+                f"--instance {INSTANCE_PREFIX}\"$SLURMD_NODENAME\" "
                 f"--state-file {node}/health.json --textfile {node}/health.prom "
                 f"--timeout 2 >>{node}/health.log 2>&1\n")
     os.chmod(path, 0o755)

@@ -91,48 +91,56 @@ def test_an_admins_drain_is_left_alone(cluster):
         cluster.scontrol("update", f"nodename={n2}", "state=resume")
 
 
-def test_a_stopped_agent_drains_its_node_only(cluster):
+def test_a_stopped_agent_drains_its_node_only_after_two_runs(cluster):
     n3 = cluster.nodes[2]
     cluster.agents.stop(n3)
+    sock = f"/run/tracehound/{cluster.agents.instance(n3)}.sock"
     try:
         info = cluster.wait_nodes(lambda n: ours(n) == (n["NodeName"] == n3), WAIT_S,
                                   f"{n3} drained by tracehound alone")
         assert info[n3]["Reason"].startswith(
-            "tracehound: agent not answering at http://127.0.0.1:9560"), info[n3]
+            f"tracehound: agent not answering: no agent socket at {sock} (agent not "
+            "running)"), info[n3]
+        # the run before it said so and left the node in service
+        assert f"run 1 of 2 before agent_down" in health_log(cluster, n3)
     finally:
         cluster.agents.restart(n3)
     cluster.wait_nodes(lambda n: "DRAIN" not in n["Flags"], WAIT_S, "resumed")
 
 
 def test_the_breaker_bounds_drains_when_every_node_fails(cluster):
-    """Last: XID 79 (fallen off the bus) never clears without a GPU reset."""
+    """Last: XID 79 (fallen off the bus) keeps its GPU lost for good. 10 %
+    of three nodes, at least one: at no sample more than one node drained;
+    the others refused, by the breaker or as common mode, whichever saw
+    the crowd first, and no drain given back."""
     for node in cluster.nodes:
         write_kmsg(xid_line(cluster.agents.bus_ids[node], 79))
-    # 10 % of three nodes, at least one: one node drained, the others refused
     deadline = time.monotonic() + WAIT_S
+    first = None
     while True:
         info = cluster.node_info()
-        drained = [n for n, i in info.items() if ours(i)]
-        refused = {n for n in cluster.nodes
-                   if "not drained: breaker: partition batch" in health_log(cluster, n)}
-        if len(drained) == 1 and refused >= set(cluster.nodes) - set(drained):
+        drained = sorted(n for n, i in info.items() if ours(i))
+        assert len(drained) <= 1, drained
+        if first is None and drained:
+            first = drained
+        assert first is None or drained == first, f"{first} then {drained}"
+        refused = {n for n in cluster.nodes if "drain refused:" in health_log(cluster, n)}
+        if refused >= set(cluster.nodes) - set(drained) and \
+                all(health_log(cluster, n).count("drain refused:") >= 2 for n in refused):
             break
         if time.monotonic() > deadline:
             raise ClusterError(f"drained {drained}, refused {sorted(refused)}")
-        time.sleep(0.2)
-    (victim,) = drained
-    assert "XID 79 GPU fell off the bus" in info[victim]["Reason"]
-    spared = [n for n in cluster.nodes if n != victim]
-    for node in spared:
-        # the refusal goes on, said on stderr and to Prometheus
-        wait_health_runs(cluster, node, "drain refused: breaker: partition batch has 1 of 3",
-                         runs=1)
+        time.sleep(0.5)
+    for node in drained:
+        assert "XID 79 GPU fell off the bus" in info[node]["Reason"]
+    for node in set(cluster.nodes) - set(drained):
+        log = health_log(cluster, node)
+        assert ("drain refused: breaker: partition batch has 1 of 3" in log
+                or "drain refused: common mode: " in log and "for recent_fatal_xid" in log), log
         with open(os.path.join(cluster.node_dir(node), "health.prom")) as f:
             prom = f.read()
         assert "tracehound_health_breaker_refused 1" in prom
-        assert 'tracehound_health_condition{condition="recent_fatal_xid"} 1' in prom
-    info = cluster.node_info()
-    assert [n for n, i in info.items() if ours(i)] == [victim]
+        assert 'tracehound_health_condition{condition="gpu_lost"} 1' in prom
 
 
 def test_a_cluster_leaves_nothing_behind(tmp_path):

@@ -117,6 +117,21 @@ def test_xid_79_is_lost_too_and_without_nvml_it_stays(clock):
     assert h.conditions()[PCI] == {"lost": 1, "recent_fatal_xid": 0}
 
 
+def test_the_recent_fatal_xids_are_those_within_the_window_each_with_its_age(clock):
+    h = GpuHealth(fatal_window_s=600, clock=clock)
+    h.xid(PCI, 95, at=clock.t - 480)
+    h.xid(PCI, 13)                       # not fatal: never named
+    clock.t += 200                       # 95 is 680 s old now
+    h.xid(PCI, 119)
+    h.xid("0000:3c:00.0", 48, at=clock.t - 3600)
+    assert h.recent_fatal_xids() == {PCI: {119: 0.0}}
+    h.xid(PCI, 119, at=clock.t - 900)    # an older line of the same XID keeps the newest
+    clock.t += 30
+    assert h.recent_fatal_xids() == {PCI: {119: 30.0}}
+    clock.t += 600
+    assert h.recent_fatal_xids() == {}
+
+
 def test_nvml_conditions_known_only_where_nvml_says(clock):
     h = GpuHealth(clock=clock)
     h.nvml(PCI, lost=False, ecc_pending=1, row_remap_failure=0,

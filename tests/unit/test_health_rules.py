@@ -15,7 +15,9 @@ def health(condition: str, value: int = 1, gpu: str = GPU) -> str:
 
 
 def xids(*numbers: int) -> str:
-    return "".join(f'tracehound_gpu_xid_errors_total{{{GPU},xid="{n}"}} 1.0\n' for n in numbers)
+    """Fatal XIDs logged within the agent's window, the first the newest."""
+    return "".join(f'tracehound_gpu_recent_fatal_xid_age_seconds{{{GPU},xid="{n}"}} {i + 1}.0\n'
+                   for i, n in enumerate(numbers))
 
 
 def port(state: int, link_downed: float | None = None, dev: str = "mlx5_0") -> str:
@@ -30,9 +32,21 @@ def phrases(text: str, rules: Rules = Rules(), memory: Memory | None = None, now
     return [(f.condition, f.phrase) for f in findings(text, rules, memory or Memory(), now)]
 
 
-def test_a_fallen_gpu_is_named_by_its_xid_once():
-    text = xids(13, 79) + health("lost") + health("recent_fatal_xid")
-    assert phrases(text) == [("recent_fatal_xid", "XID 79 GPU fell off the bus (0000:e7:00.0)")]
+def test_a_fallen_gpu_is_named_by_its_xid_and_stays_lost_past_the_window():
+    text = xids(79) + health("lost") + health("recent_fatal_xid")
+    assert phrases(text) == [("recent_fatal_xid", "XID 79 GPU fell off the bus (0000:e7:00.0)"),
+                             ("gpu_lost", "XID 79 GPU fell off the bus (0000:e7:00.0)")]
+    # the window passed: the XID is gone from the answer, the GPU is still lost
+    assert phrases(health("lost") + health("recent_fatal_xid", 0)) == [
+        ("gpu_lost", "GPU lost (fallen off the bus or not answering NVML) (0000:e7:00.0)")]
+
+
+def test_a_reason_names_only_the_xids_within_the_window():
+    # XID 95 of eight minutes ago is not in the agent's answer, 119 is
+    text = xids(119) + health("recent_fatal_xid")
+    assert phrases(text) == [("recent_fatal_xid", "XID 119 GSP RPC timeout (0000:e7:00.0)")]
+    both = xids(119, 48) + health("recent_fatal_xid")
+    assert phrases(both)[0][1].startswith("XID 119 GSP RPC timeout, XID 48 ")
 
 
 def test_each_condition_says_what_and_which_gpu():
@@ -50,10 +64,10 @@ def test_each_condition_says_what_and_which_gpu():
 
 
 def test_lost_without_xid_79_and_non_fatal_xids():
-    assert phrases(xids(13) + health("lost")) == [
+    assert phrases(health("lost")) == [
         ("gpu_lost", "GPU lost (fallen off the bus or not answering NVML) (0000:e7:00.0)")]
-    # XID 13 is an application's error: it never makes the node unfit
-    assert phrases(xids(13, 31)) == []
+    # without the health gauge, an XID alone makes no node unfit
+    assert phrases(xids(48)) == []
 
 
 def test_other_series_and_unknown_conditions_are_ignored():

@@ -190,3 +190,9 @@ def test_an_id_no_rescan_can_place_is_removed_once_it_has_settled(tmp_path):
     assert cgroups.path(brief) == f"unknown:{brief}"
     cgroups.forget(brief)
     assert brief not in cgroups._unplaced
+
+
+def test_run_subsystems_names_every_subsystem_the_agent_has():
+    from tracehound import defaults
+    from tracehound.subsystems import SUBSYSTEMS
+    assert tuple(cls.name for cls in SUBSYSTEMS) == defaults.SUBSYSTEM_NAMES

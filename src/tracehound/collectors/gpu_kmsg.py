@@ -92,6 +92,21 @@ class GpuKernelLogCollector:
             folded.add_metric([label], n)
         return [sxid, fallen, init, folded]
 
+    def health_families(self):
+        """What `tracehound health` decides on, for the agent's local channel
+        (exporter/local.py): the health conditions and the fatal XIDs logged
+        within the window, each with how long ago. From state the agent
+        keeps: nothing is read and no other family is rendered."""
+        recent = GaugeMetricFamily(
+            "tracehound_gpu_recent_fatal_xid_age_seconds",
+            "Seconds since a fatal XID was last logged for this GPU, for the XIDs logged "
+            "within the fatal-XID window only.", labels=[*IDENTITY, "xid"])
+        for key, xids in self.hub.health.recent_fatal_xids().items():
+            lv = self._lv(key)
+            for number, age in xids.items():
+                recent.add_metric([*lv, str(number)], round(age, 3))
+        return [self._health_family(), recent]
+
     def _health_family(self):
         fam = GaugeMetricFamily(
             "tracehound_gpu_health",

@@ -14,13 +14,13 @@ import sys
 import syslog
 import time
 
-from .. import defaults
-from ..clients.agent_client import URL_VARIABLE, metrics_url
+from .. import defaults, instance
+from ..clients.local_agent import socket_path
+from ..health.breaker import Breaker
 from ..health.check import ERROR, Options, check
+from ..health.files import write_whole
 from ..health.rules import CONDITIONS, DEFAULT_CONDITIONS, Rules
-from ..health.slurm import Breaker, Slurm, SlurmError, find_scontrol
-
-DEFAULT_URL = f"http://{defaults.LISTEN}"
+from ..health.slurm import Slurm, SlurmError, find_scontrol
 
 
 def _conditions(value: str) -> frozenset:
@@ -47,22 +47,24 @@ def _positive(kind):
 def add_parser(sub, hook) -> None:
     p = sub.add_parser(
         "health", help="Slurm HealthCheckProgram: drain this node on the agent's verdicts",
-        description="Ask the local agent whether this node is fit (fatal XID, GPU lost, "
-                    "uncorrectable ECC, row-remap failure, NVLink or RDMA port down or "
-                    "flapping, the agent not answering); drain it with the reason, resume "
-                    "it when the condition clears, never touching a drain someone else made. "
-                    "A fleet breaker bounds the share of a partition it drains.")
-    p.add_argument("--url", default=None,
-                   help=f"the agent (default ${URL_VARIABLE} without its /metrics, else "
-                        f"{DEFAULT_URL}; slurmd gives its program no environment)")
-    p.add_argument("--timeout", type=_positive(float), default=0.5, metavar="SECONDS",
-                   help="how long the agent may take to answer; no answer is agent_down "
-                        "(default 0.5)")
-    p.add_argument("--ca-file", help="CA of the agent's certificate (https URL)")
-    p.add_argument("--cert-file", help="client certificate, where the agent asks for one")
-    p.add_argument("--key-file", help="the client certificate's key")
-    p.add_argument("--username", help="basic-auth user (https only)")
-    p.add_argument("--password-file", help="file holding the basic-auth password")
+        description="Ask the local agent, on its root-only socket, whether this node is fit "
+                    "(fatal XID, GPU lost, uncorrectable ECC, row-remap failure, NVLink or "
+                    "RDMA port down or flapping, the agent not answering); drain it with the "
+                    "reason, resume it when the condition clears, never touching a drain "
+                    "someone else made. A fleet breaker, decided under a lock slurmctld "
+                    "arbitrates, bounds how many nodes it drains; a reason shared by more "
+                    "nodes than it allows drains none.")
+    p.add_argument("--instance", type=instance.instance_name, default=defaults.INSTANCE,
+                   metavar="NAME", help="the agent instance to ask (default "
+                                        f"{defaults.INSTANCE})")
+    p.add_argument("--socket", metavar="PATH",
+                   help="the agent's root-only local channel (default "
+                        f"{defaults.RUN_DIR}/INSTANCE.sock, as `run --local-socket`)")
+    p.add_argument("--timeout", type=_positive(float), default=5.0, metavar="SECONDS",
+                   help="how long the agent may take to answer, tries included (default 5)")
+    p.add_argument("--agent-down-after", type=_positive(int), default=2, metavar="N",
+                   help="runs in a row the agent must fail to answer before the node is "
+                        "agent_down: a restart drains nothing (default 2)")
     p.add_argument("--node", help="the Slurm node name (default $SLURMD_NODENAME, "
                                   "else the short host name)")
     p.add_argument("--conditions", type=_conditions, default=DEFAULT_CONDITIONS,
@@ -79,6 +81,21 @@ def add_parser(sub, hook) -> None:
                         "(default 10)")
     p.add_argument("--breaker-min", type=_positive(int), default=1, metavar="N",
                    help="... but always allow N (default 1)")
+    p.add_argument("--breaker-cap", type=_positive(int), default=0, metavar="N",
+                   help="never more than N nodes drained by tracehound in the cluster "
+                        "(default 0: no cap beyond the share)")
+    p.add_argument("--breaker-rate", type=_positive(int), default=0, metavar="N",
+                   help="at most N drains begun within --breaker-rate-window (default 0: "
+                        "no rate limit)")
+    p.add_argument("--breaker-rate-window", type=_positive(float), default=3600.0,
+                   metavar="SECONDS", help="(default 3600)")
+    p.add_argument("--common-mode-window", type=_positive(float), default=300.0,
+                   metavar="SECONDS",
+                   help="more nodes of a partition than the share limit that began to fail "
+                        "for one condition within this time: common mode, drain none for it "
+                        "(default 300)")
+    p.add_argument("--lock-wait", type=_positive(float), default=10.0, metavar="SECONDS",
+                   help="how long to wait for the drain lock another node holds (default 10)")
     p.add_argument("--scontrol", help="scontrol's path (default: the first of /usr/bin, "
                                       "/usr/local/bin, /opt/slurm/bin, then $PATH)")
     p.add_argument("--slurm-conf", help="SLURM_CONF for scontrol (default: its own default)")
@@ -101,20 +118,25 @@ def _node(args) -> str:
 def _health(args) -> int:
     start = time.monotonic()
     node = _node(args)
-    env = {k: v for k, v in (("TRACEHOUND_CA_FILE", args.ca_file),
-                             ("TRACEHOUND_CERT_FILE", args.cert_file),
-                             ("TRACEHOUND_KEY_FILE", args.key_file),
-                             ("TRACEHOUND_USERNAME", args.username),
-                             ("TRACEHOUND_PASSWORD_FILE", args.password_file)) if v}
+    try:
+        return _run(args, node, start)
+    except Exception as exc:        # one line and "could not decide", never a traceback
+        print(f"tracehound health: {node}: cannot decide: {type(exc).__name__}: {exc}"[:500],
+              file=sys.stderr)
+        return ERROR
+
+
+def _run(args, node: str, start: float) -> int:
     try:
         slurm = None if args.check_only else Slurm(find_scontrol(args.scontrol),
                                                    args.slurm_conf, dry_run=args.dry_run)
-        url = args.url or metrics_url(None).removesuffix("/metrics")
-        opts = Options(node, url, args.timeout,
+        opts = Options(node, args.socket or socket_path(args.instance), args.timeout,
                        Rules(args.conditions, args.rdma_flaps, args.rdma_flap_window),
-                       Breaker(args.breaker_percent, args.breaker_min), slurm,
+                       Breaker(args.breaker_percent, args.breaker_min, args.breaker_cap,
+                               args.breaker_rate, args.breaker_rate_window,
+                               args.common_mode_window), slurm,
                        args.state_file or os.path.join(defaults.RUN_DIR, f"health-{node}.json"),
-                       env)
+                       args.agent_down_after, args.lock_wait)
         verdict = check(opts)
     except (SlurmError, LookupError, OSError) as exc:
         print(f"tracehound health: {node}: cannot decide: {exc}", file=sys.stderr)
@@ -127,7 +149,12 @@ def _health(args) -> int:
         syslog.openlog("tracehound-health", 0, syslog.LOG_DAEMON)
         syslog.syslog(syslog.LOG_WARNING, message)
     if args.textfile:
-        write_textfile(args.textfile, verdict, time.monotonic() - start)
+        try:
+            write_textfile(args.textfile, verdict, time.monotonic() - start)
+        except OSError as exc:
+            print(f"tracehound health: {node}: textfile {args.textfile}: {exc}",
+                  file=sys.stderr)
+            return ERROR
     return verdict.code
 
 
@@ -144,6 +171,15 @@ def write_textfile(path: str, verdict, seconds: float) -> None:
               "to drain this unfit node.",
               "# TYPE tracehound_health_breaker_refused gauge",
               f"tracehound_health_breaker_refused {int(bool(verdict.refusal))}",
+              "# HELP tracehound_health_common_mode 1 for a condition more nodes than the "
+              "breaker allows began to fail for at once: none is drained for it.",
+              "# TYPE tracehound_health_common_mode gauge"]
+    lines += [f'tracehound_health_common_mode{{condition="{c}"}} 1'
+              for c in sorted(verdict.common_mode)]
+    lines += ["# HELP tracehound_health_agent_failures 1 while the agent did not answer, "
+              "fewer runs in a row than make it agent_down.",
+              "# TYPE tracehound_health_agent_failures gauge",
+              f"tracehound_health_agent_failures {int(bool(verdict.pending))}",
               "# HELP tracehound_health_drained 1 when the last run drained the node.",
               "# TYPE tracehound_health_drained gauge",
               f"tracehound_health_drained {int(verdict.action == 'drain')}",
@@ -153,7 +189,4 @@ def write_textfile(path: str, verdict, seconds: float) -> None:
               "# HELP tracehound_health_last_run_timestamp_seconds When it last ran.",
               "# TYPE tracehound_health_last_run_timestamp_seconds gauge",
               f"tracehound_health_last_run_timestamp_seconds {time.time():.3f}"]
-    tmp = f"{path}.{os.getpid()}.tmp"
-    with open(tmp, "w") as f:
-        f.write("\n".join(lines) + "\n")
-    os.replace(tmp, path)
+    write_whole(path, ("\n".join(lines) + "\n").encode())

@@ -29,6 +29,15 @@ def _cgroup_scope(value: str) -> str:
     return value
 
 
+def _subsystems(value: str) -> frozenset[str]:
+    names = frozenset(x.strip() for x in value.split(",") if x.strip())
+    unknown = names - set(defaults.SUBSYSTEM_NAMES)
+    if unknown or not names:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected a comma-separated list of "
+                                         f"{', '.join(defaults.SUBSYSTEM_NAMES)}")
+    return names
+
+
 def _fstypes(value: str) -> tuple[str, ...]:
     return tuple(x.strip() for x in value.split(",") if x.strip())
 
@@ -256,6 +265,15 @@ def add_parser(sub, hook) -> None:
                           "0000:3b:00.0), for an agent that watches a share of the host's "
                           "GPUs: NVML enumerates only them and kernel-log lines naming no "
                           "GPU of the list are ignored (default: every GPU)")
+    run.add_argument("--subsystems", type=_subsystems, metavar="LIST",
+                     help="run only these subsystems, comma-separated, of "
+                          f"{', '.join(defaults.SUBSYSTEM_NAMES)} (e.g. gpu,rdma on a node where "
+                          "tracehound serves health checks alone) (default: all)")
+    run.add_argument("--local-socket", metavar="PATH",
+                     help="the root-only Unix socket (mode 0600, in a directory only root may "
+                          "write) that `tracehound health` and other local tools read: what "
+                          "it serves no other user can forge or crowd out; 'off': none "
+                          f"(default {defaults.RUN_DIR}/INSTANCE.sock)")
     run.set_defaults(handler=_run, takes_signals=True)
 
 
@@ -298,5 +316,8 @@ def _run(args) -> int:
                            gpu_fatal_xid_window_s=args.gpu_fatal_xid_window,
                            gpu_bus_ids=args.gpu_bus_ids,
                            web_config=web_config,
-                           cgroup_key=args.cgroup_key, cgroup_scope=args.cgroup_scope),
+                           cgroup_key=args.cgroup_key, cgroup_scope=args.cgroup_scope,
+                           local_socket=("" if args.local_socket == "off"
+                                         else args.local_socket),
+                           subsystems=args.subsystems),
                stop=stop)

@@ -103,7 +103,9 @@ class HTTPServer:
                  tls: Union[ssl.SSLContext, Callable[[], ssl.SSLContext], None] = None,
                  guard: Guard = _unguarded,
                  extra_headers: tuple = (),
-                 peer_check: Optional[Callable[[ssl.SSLSocket], bool]] = None):
+                 peer_check: Optional[Callable[[ssl.SSLSocket], bool]] = None,
+                 listener: Optional[socket.socket] = None,
+                 accept_check: Optional[Callable[[socket.socket], bool]] = None):
         if idle_timeout <= 0 or write_timeout <= 0:
             raise ValueError("idle_timeout and write_timeout must be positive")
         if max_connections < 1:
@@ -116,23 +118,32 @@ class HTTPServer:
         self.guard = guard
         self.extra_headers = tuple(extra_headers)
         self.peer_check = peer_check
+        # before a connection takes a slot: False closes it (the local
+        # channel's root-only peer check)
+        self.accept_check = accept_check
         self.closing = False
         self.evictions = 0
         self._lock = threading.Lock()
         self._drained = threading.Condition(self._lock)
         self._slots: dict = {}
         self._thread: Optional[threading.Thread] = None
-        family = socket.AF_INET6 if ":" in host else socket.AF_INET
-        self.socket = socket.socket(family, socket.SOCK_STREAM)
-        try:
-            self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-            self.socket.bind((host, port))
-            self.socket.listen(max(int(backlog), 1))
+        if listener is not None:
+            # bound and listening already (a Unix socket: exporter/local.py)
+            self.socket = listener
             self.socket.setblocking(False)
-        except BaseException:
-            self.socket.close()
-            raise
-        self.server_address = self.socket.getsockname()
+            self.server_address = (host, port)
+        else:
+            family = socket.AF_INET6 if ":" in host else socket.AF_INET
+            self.socket = socket.socket(family, socket.SOCK_STREAM)
+            try:
+                self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+                self.socket.bind((host, port))
+                self.socket.listen(max(int(backlog), 1))
+                self.socket.setblocking(False)
+            except BaseException:
+                self.socket.close()
+                raise
+            self.server_address = self.socket.getsockname()
         self._wake_r, self._wake_w = socket.socketpair()
 
     @property
@@ -199,6 +210,9 @@ class HTTPServer:
                 if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
                     time.sleep(0.1)     # out of descriptors: let connections finish
                 return
+            if self.accept_check is not None and not self.accept_check(sock):
+                sock.close()
+                continue
             if not self._admit(sock):
                 _refuse(sock)
                 continue

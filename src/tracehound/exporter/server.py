@@ -4,11 +4,13 @@ from __future__ import annotations
 import errno
 import ipaddress
 import logging
+import threading
 
 from prometheus_client import CollectorRegistry
 
 from .. import defaults
 from ..errors import SetupError
+from ..host.port_owner import listener_uids
 from .http import (DEFAULT_BACKLOG, DEFAULT_IDLE_TIMEOUT, DEFAULT_MAX_CONNECTIONS,
                    DEFAULT_WRITE_TIMEOUT, HTTPServer)
 from .messages import Request, Response, call_wsgi, text_response
@@ -18,6 +20,8 @@ from .webconfig import WebConfig
 log = logging.getLogger(__name__)
 
 DEFAULT_LISTEN = defaults.LISTEN
+# how often a port another user's socket holds is tried again
+BIND_RETRY_S = 2.0
 
 
 def loopback(host: str) -> bool:
@@ -73,6 +77,9 @@ class Exporter:
         self.backlog = backlog
         self._ready = False
         self._server: HTTPServer | None = None
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._retry: threading.Thread | None = None
 
     @property
     def url(self) -> str:
@@ -87,7 +94,7 @@ class Exporter:
     def set_ready(self, ready: bool = True) -> None:
         self._ready = bool(ready)
 
-    def _handle(self, request: Request) -> Response:
+    def handle(self, request: Request) -> Response:
         route = self.routes.get(request.path)
         if route is not None:
             return call_wsgi(route, request)
@@ -105,23 +112,63 @@ class Exporter:
         return text_response(404, f"not found: {request.path} (try /metrics)\n")
 
     def start(self) -> "Exporter":
-        web = self.web
+        """Bind and serve. A port another agent (root) holds is an error; a
+        port held by another user's socket is not the agent's to lose: it
+        starts anyway (its local channel serves `tracehound health`) and
+        binds the port as soon as that socket goes, retrying every few
+        seconds until stop()."""
         try:
-            self._server = HTTPServer(self.host, self.port, self._handle,
-                                      idle_timeout=self.idle_timeout,
-                                      write_timeout=self.write_timeout,
-                                      max_connections=self.max_connections,
-                                      backlog=self.backlog,
-                                      tls=web.reloader.current if web.reloader else web.tls,
-                                      guard=web.auth.guard if web.auth else _open,
-                                      extra_headers=web.headers,
-                                      peer_check=web.peer_allowed if web.allowed_sans else None)
-        except OSError as exc:
-            if exc.errno == errno.EADDRINUSE:
+            self._server = self._bind()
+        except _PortBusy as busy:
+            if not busy.uids or 0 in busy.uids:
                 raise SetupError(f"cannot listen on {self.host}:{self.port}: address already "
                                  "in use (another agent running? pick one with --listen "
                                  "HOST:PORT)") from None
+            log.warning("cannot listen on %s:%d yet: a socket of uid %s holds it (not an "
+                        "agent); retrying every %g s, the local channel serves meanwhile",
+                        self.host, self.port, ",".join(map(str, sorted(busy.uids))),
+                        BIND_RETRY_S)
+            self._retry = threading.Thread(target=self._bind_later, name="exporter-bind",
+                                           daemon=True)
+            self._retry.start()
+            return self
+        self._serving()
+        return self
+
+    def _bind(self) -> HTTPServer:
+        web = self.web
+        try:
+            return HTTPServer(self.host, self.port, self.handle,
+                              idle_timeout=self.idle_timeout,
+                              write_timeout=self.write_timeout,
+                              max_connections=self.max_connections,
+                              backlog=self.backlog,
+                              tls=web.reloader.current if web.reloader else web.tls,
+                              guard=web.auth.guard if web.auth else _open,
+                              extra_headers=web.headers,
+                              peer_check=web.peer_allowed if web.allowed_sans else None)
+        except OSError as exc:
+            if exc.errno == errno.EADDRINUSE:
+                raise _PortBusy(listener_uids(self.port)) from None
             raise SetupError(f"cannot listen on {self.host}:{self.port}: {exc.strerror}") from None
+
+    def _bind_later(self) -> None:
+        while not self._stopped.wait(BIND_RETRY_S):
+            try:
+                server = self._bind()
+            except (_PortBusy, SetupError):
+                continue
+            with self._lock:
+                if self._stopped.is_set():
+                    server.close()
+                    return
+                self._server = server
+            self._serving()
+            log.warning("listening on %s:%d now", self.host, self.port)
+            return
+
+    def _serving(self) -> None:
+        web = self.web
         self.port = self._server.port
         self._server.start()
         for note in web.notes:
@@ -136,12 +183,18 @@ class Exporter:
                         "--web.config.file with TLS and basic_auth_users (see "
                         "docs/deployment.md), or --listen 127.0.0.1:%d",
                         self.url, missing or "authentication", self.host, self.port)
-        return self
 
     def stop(self) -> None:
-        if self._server:
-            self._server.close()
-            self._server = None
+        with self._lock:
+            self._stopped.set()
+            server, self._server = self._server, None
+        if server:
+            server.close()
+
+
+class _PortBusy(Exception):
+    def __init__(self, uids: set):
+        self.uids = uids
 
 
 def _open(request: Request, app) -> Response:

@@ -68,6 +68,8 @@ class GpuHealth:
         self._keys: set[str] = set()
         self._kernel_lost: dict[str, float] = {}        # key -> when the log said so
         self._fatal: dict[str, tuple[float, int]] = {}  # key -> (when, xid) of the newest
+        # key -> fatal xid -> when it was last logged: what a drain reason names
+        self._fatal_xids: dict[str, dict[int, float]] = {}
         self._nvml: dict[str, dict[str, int]] = {}      # key -> NVML-derived conditions
         self._links: dict[str, dict[int, bool]] = {}   # key -> link -> last known state
         self._links_seen_up: dict[str, set[int]] = {}
@@ -89,6 +91,8 @@ class GpuHealth:
                 newest = self._fatal.get(key)
                 if newest is None or at >= newest[0]:
                     self._fatal[key] = (at, xid)
+                seen = self._fatal_xids.setdefault(key, {})
+                seen[xid] = max(at, seen.get(xid, at))
             if xid == FALLEN_OFF_BUS_XID:
                 self._lost_at(key, at)
 
@@ -151,6 +155,17 @@ class GpuHealth:
         fatal = self._fatal.get(key)
         out["recent_fatal_xid"] = int(fatal is not None and now - fatal[0] < self.fatal_window_s)
         return out
+
+    def recent_fatal_xids(self, now: float | None = None) -> dict[str, dict[int, float]]:
+        """key -> fatal XID -> seconds since it was last logged, for the
+        XIDs logged within the window alone (what `tracehound health` names:
+        an XID older than the window no longer holds)."""
+        now = self.clock() if now is None else now
+        with self._lock:
+            return {key: {x: now - at for x, at in sorted(xids.items())
+                          if now - at < self.fatal_window_s}
+                    for key, xids in sorted(self._fatal_xids.items())
+                    if any(now - at < self.fatal_window_s for at in xids.values())}
 
     def transitions(self, now: float | None = None) -> list[Transition]:
         """What changed since the last call (a condition first seen active

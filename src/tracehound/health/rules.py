@@ -1,15 +1,19 @@
 """What makes a node unfit, from one scrape of its agent: the rules of
 `tracehound health`.
 
-Pure: `findings(text, rules, memory, now)` reads the exposition text and a
+Pure: `findings(text, rules, memory, now)` reads the agent's /health answer
+(its local channel: the health families alone, in exposition text) and a
 memory of earlier runs (RDMA ports seen active, link_downed samples) and
 returns the conditions that hold, each with the phrase a drain reason
 carries. Conditions:
 
   agent_down                 the agent did not answer (decided by the caller)
-  gpu_lost                   tracehound_gpu_health{condition="lost"} == 1
+  gpu_lost                   tracehound_gpu_health{condition="lost"} == 1: it
+                             holds until the GPU answers NVML again, never
+                             expires with a window
   recent_fatal_xid           ...{condition="recent_fatal_xid"} == 1, named by
-                             the fatal XIDs counted for that GPU
+                             the fatal XIDs logged within the window
+                             (tracehound_gpu_recent_fatal_xid_age_seconds)
   uncorrectable_ecc_pending  ...{condition="uncorrectable_ecc_pending"} == 1
   row_remap_failure          ...{condition="row_remap_failure"} == 1
   nvlink_down                ...{condition="nvlink_down"} == 1
@@ -29,7 +33,7 @@ from dataclasses import dataclass, field
 from prometheus_client.parser import text_string_to_metric_families
 
 from .. import conditions
-from ..gpu.xid_catalog import FATAL, lookup
+from ..gpu.xid_catalog import lookup
 
 # the conditions and their phrases are shared with the agent's detector and
 # with explain (conditions.py); agent_down is the check's own
@@ -41,7 +45,9 @@ PHRASES = {c.name: c.phrase for c in conditions.CONDITIONS}
 ACTIVE_STATES = (4, 5)          # ACTIVE, ACTIVE_DEFER
 # Only the series the rules read are parsed: an agent's /metrics may hold
 # thousands of I/O series, and the check must stay well under a second.
-WANTED_NAMES = ("tracehound_gpu_health", "tracehound_gpu_xid_errors_total",
+RECENT_XIDS = "tracehound_gpu_recent_fatal_xid_age_seconds"
+FALLEN_OFF_BUS_XID = 79
+WANTED_NAMES = ("tracehound_gpu_health", RECENT_XIDS,
                 "tracehound_rdma_port_state_id", "tracehound_rdma_port_counter_total")
 WANTED = tuple(f"{name}{{" for name in WANTED_NAMES)
 
@@ -64,9 +70,11 @@ class Memory:
     """What the check keeps between runs (the caller stores it as JSON)."""
     active_ports: set = field(default_factory=set)            # "device/port"
     link_downed: dict = field(default_factory=dict)           # "device/port" -> [[t, value]]
+    agent_failures: int = 0       # runs in a row the agent did not answer
 
     def to_json(self) -> dict:
-        return {"active_ports": sorted(self.active_ports), "link_downed": self.link_downed}
+        return {"active_ports": sorted(self.active_ports), "link_downed": self.link_downed,
+                "agent_failures": self.agent_failures}
 
     @classmethod
     def from_json(cls, data) -> "Memory":
@@ -74,10 +82,12 @@ class Memory:
             return cls()
         ports = data.get("active_ports", [])
         downs = data.get("link_downed", {})
+        failures = data.get("agent_failures", 0)
         return cls({p for p in ports if isinstance(p, str)} if isinstance(ports, list) else set(),
                    {k: [s for s in v if _sample(s)] for k, v in downs.items()
                     if isinstance(k, str) and isinstance(v, list)}
-                   if isinstance(downs, dict) else {})
+                   if isinstance(downs, dict) else {},
+                   failures if isinstance(failures, int) and 0 <= failures < 1 << 30 else 0)
 
 
 def _sample(s) -> bool:
@@ -101,28 +111,31 @@ def findings(text: str, rules: Rules, memory: Memory, now: float) -> list[Findin
 
 
 def _gpu_findings(series, rules: Rules) -> list[Finding]:
-    fatal_xids: dict[str, list[int]] = {}
+    # the fatal XIDs logged within the agent's window, newest first: a
+    # reason names what holds now, never an XID the window has passed
+    recent: dict[str, list[tuple[float, int]]] = {}
     for name, labels, value in series:
-        if name == "tracehound_gpu_xid_errors_total" and value > 0:
+        if name == RECENT_XIDS:
             try:
                 xid = int(labels.get("xid", ""))
             except ValueError:
                 continue
-            if lookup(xid).severity == FATAL:
-                fatal_xids.setdefault(labels.get("pci_bus_id", ""), []).append(xid)
+            recent.setdefault(labels.get("pci_bus_id", ""), []).append((value, xid))
     out = []
     for name, labels, value in series:
         condition = GPU_CONDITIONS.get(labels.get("condition", ""))
         if name != "tracehound_gpu_health" or value != 1 or condition is None:
             continue
         gpu = labels.get("pci_bus_id") or labels.get("gpu") or "?"
-        xids = sorted(set(fatal_xids.get(labels.get("pci_bus_id", ""), [])))
+        xids = [x for _, x in sorted(recent.get(labels.get("pci_bus_id", ""), []))]
+        named = ", ".join(f"XID {x} {lookup(x).name}" for x in xids) or "fatal XID"
         if condition == "recent_fatal_xid":
-            named = ", ".join(f"XID {x} {lookup(x).name}" for x in xids) or "fatal XID"
             out.append(Finding(condition, f"{named} ({gpu})"))
-        elif condition == "gpu_lost" and 79 in xids and "recent_fatal_xid" in rules.conditions:
-            continue        # the XID 79 phrase already says it fell off the bus
+        elif condition == "gpu_lost" and FALLEN_OFF_BUS_XID in xids:
+            # the XID 79 phrase says it fell off the bus: one phrase for both
+            out.append(Finding(condition, f"{named} ({gpu})"))
         else:
+            # lost holds until the GPU answers again, whatever the window says
             out.append(Finding(condition, f"{PHRASES[condition]} ({gpu})"))
     # a GPU whose fatal XID also made it lost: the XID first, it says why
     return sorted(out, key=lambda f: f.condition != "recent_fatal_xid")

@@ -1,17 +1,23 @@
 """Slurm's side of `tracehound health`: scontrol found without PATH, the
-nodes as slurmctld sees them, drain and resume, and the fleet breaker.
+nodes as slurmctld sees them, drain and resume, node comments, and the
+drain lock the fleet breaker (breaker.py) decides under.
 
 slurmd runs a HealthCheckProgram with SLURMD_NODENAME alone in its
 environment (no PATH, often no SLURM_CONF), so scontrol is looked up by
 absolute path. A drain made here carries REASON_PREFIX; only such a drain
 is ever resumed, and only such drains count against the breaker.
+
+Only Slurm's operators (root, SlurmUser, admins) may update nodes, comments
+and reservations, so what tracehound reads of them is theirs, never a
+user's.
 """
 from __future__ import annotations
 
-import math
 import os
+import random
 import shutil
 import subprocess
+import time
 from dataclasses import dataclass, field
 
 from ..errors import TracehoundError
@@ -39,6 +45,7 @@ class Node:
     reason: str = ""
     partitions: list = field(default_factory=list)
     reason_time: str = ""           # the [user@time] Slurm appends to a reason
+    comment: str = ""               # where health declares what it found (breaker.py)
 
     @property
     def drained(self) -> bool:
@@ -84,7 +91,9 @@ def parse_nodes(text: str) -> dict[str, Node]:
             when = when[:-1]
         parts = [p for p in fields.get("Partitions", "").strip().split(",")
                  if p and p != "(null)"]
-        out[fields["NodeName"]] = Node(fields["NodeName"], state, flags, reason, parts, when)
+        comment = fields.get("Comment", "").strip()
+        out[fields["NodeName"]] = Node(fields["NodeName"], state, flags, reason, parts, when,
+                                       "" if comment == "(null)" else comment)
     return out
 
 
@@ -121,6 +130,93 @@ class Slurm:
         if not self.dry_run:
             self._run("update", f"nodename={node}", "state=resume")
 
+    def set_comment(self, node: str, text: str) -> None:
+        if not self.dry_run:
+            self._run("update", f"nodename={node}", f"comment={text}")
+
+    def try_reserve(self, name: str, node: str, minutes: int) -> bool:
+        """Create reservation `name` on `node` for `minutes`: True when made,
+        False when one of that name exists (slurmctld refuses a second)."""
+        try:
+            self._run("create", "reservation", f"reservationname={name}", "users=root",
+                      f"nodes={node}", "starttime=now", f"duration={minutes}",
+                      "flags=ignore_jobs,overlap")
+        except SlurmError as exc:
+            if "Duplicate reservation name" in str(exc):
+                return False
+            raise
+        return True
+
+    def reservation_nodes(self, name: str) -> str | None:
+        """The Nodes= of reservation `name`, None when there is none."""
+        try:
+            out = self._run("show", "reservation", name, "-o")
+        except SlurmError:
+            return None
+        for word in out.split():
+            if word.startswith("Nodes="):
+                return word[len("Nodes="):]
+        return None
+
+    def unreserve(self, name: str) -> None:
+        self._run("delete", f"reservation={name}")
+
+
+LOCK_NAME = "tracehound_drain_lock"
+# the reservation is the lease: slurmctld ends it by itself this many minutes
+# on, so a node that died holding it blocks the others this long at most
+LOCK_MINUTES = 1
+# what a holder may spend of the lease before it gives up without draining:
+# past it the lease could end under a slow holder and a second one begin
+LOCK_USE_S = 25.0
+
+
+class LockBusy(SlurmError):
+    pass
+
+
+class DrainLock:
+    """The breaker's lock (breaker.py): a reservation of LOCK_NAME on the
+    node that holds it, made and ended through slurmctld. `wait_s` bounds
+    the wait for another holder (short jittered retries)."""
+
+    def __init__(self, slurm: Slurm, node: str, wait_s: float = 10.0,
+                 clock=time.monotonic, sleep=time.sleep):
+        self.slurm, self.node, self.wait_s = slurm, node, wait_s
+        self.clock, self.sleep = clock, sleep
+        self.taken_at: float | None = None
+
+    def __enter__(self) -> "DrainLock":
+        if self.slurm.dry_run:
+            self.taken_at = self.clock()
+            return self
+        deadline = self.clock() + self.wait_s
+        pause = 0.05
+        while not self.slurm.try_reserve(LOCK_NAME, self.node, LOCK_MINUTES):
+            if self.clock() >= deadline:
+                holder = self.slurm.reservation_nodes(LOCK_NAME) or "?"
+                raise LockBusy(f"breaker busy: {holder} held the drain lock for "
+                               f"{self.wait_s:g} s; not drained this run")
+            self.sleep(pause * (0.5 + random.random()))
+            pause = min(pause * 2, 1.0)
+        self.taken_at = self.clock()
+        return self
+
+    def fresh(self) -> bool:
+        """Whether the lease is still safely ours (see LOCK_USE_S)."""
+        return self.taken_at is not None and self.clock() - self.taken_at < LOCK_USE_S
+
+    def __exit__(self, *exc) -> None:
+        if self.slurm.dry_run or self.taken_at is None:
+            return
+        # past its use the lease may have ended and gone to another node
+        if self.fresh() or self.slurm.reservation_nodes(LOCK_NAME) == self.node:
+            try:
+                self.slurm.unreserve(LOCK_NAME)
+            except SlurmError:
+                pass        # it ends by itself within LOCK_MINUTES
+        self.taken_at = None
+
 
 def drain_reason(phrases: list[str]) -> str:
     """`tracehound: <phrase>; <phrase>`, printable, at most MAX_REASON long."""
@@ -128,38 +224,3 @@ def drain_reason(phrases: list[str]) -> str:
     text = "".join(c if c.isprintable() and c not in "\"'" else " " for c in text)
     reason = f"{REASON_PREFIX} {text}"
     return reason if len(reason) <= MAX_REASON else reason[:MAX_REASON - 3] + "..."
-
-
-@dataclass(frozen=True)
-class Breaker:
-    percent: float = 10.0
-    minimum: int = 1
-
-    def limit(self, members: int) -> int:
-        return max(self.minimum, math.floor(members * self.percent / 100))
-
-    def refusal(self, nodes: dict[str, Node], me: str) -> str | None:
-        """Why draining `me` would break the limit, or None: per partition
-        of `me`, the other nodes tracehound drained against the limit."""
-        for part in nodes[me].partitions:
-            members = [n for n in nodes.values() if part in n.partitions]
-            ours = sorted(n.name for n in members if n.ours and n.name != me)
-            limit = self.limit(len(members))
-            if len(ours) >= limit:
-                return (f"breaker: partition {part} has {len(ours)} of {len(members)} nodes "
-                        f"drained by tracehound ({', '.join(ours[:5])}), limit {limit}")
-        return None
-
-    def overshoot(self, nodes: dict[str, Node], me: str) -> str | None:
-        """After a drain: where nodes racing each other pushed a partition
-        past the limit, the earliest drains (by reason time, then name)
-        stay; a later one is given back. Every node ranks the same list."""
-        for part in nodes[me].partitions:
-            members = [n for n in nodes.values() if part in n.partitions]
-            ours = sorted((n for n in members if n.ours), key=lambda n: (n.reason_time, n.name))
-            limit = self.limit(len(members))
-            if me in [n.name for n in ours[limit:]]:
-                kept = ", ".join(n.name for n in ours[:limit])
-                return (f"breaker: partition {part} has {len(ours)} of {len(members)} nodes "
-                        f"drained by tracehound at once, limit {limit}: {kept} stay drained")
-        return None

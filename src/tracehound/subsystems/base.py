@@ -64,6 +64,12 @@ class Subsystem:
         """Objects with `name`, `interval` and run_once(now)."""
         return []
 
+    def health_families(self) -> list:
+        """The metric families `tracehound health` decides on, for the
+        agent's root-only local channel (exporter/local.py): cheap, from
+        state the subsystem keeps or a few files, never a map walk."""
+        return []
+
     def modes(self) -> dict[str, str]:
         """Probe name -> hook mode in use (tracehound_probe_info)."""
         return {}

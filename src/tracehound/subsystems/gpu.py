@@ -125,6 +125,9 @@ class GpuSubsystem(Subsystem):
     def detectors(self) -> list:
         return [d for d in (self._watcher, self.kmsg) if d is not None]
 
+    def health_families(self) -> list:
+        return GpuKernelLogCollector(self.kmsg, self._kmsg_watcher).health_families()
+
     def status_lines(self) -> list[str]:
         w = self._kmsg_watcher
         if w is not None and w.error:

@@ -66,6 +66,11 @@ class RdmaSubsystem(Subsystem):
                   ] if self._collector is not None else []
         return ([self._watcher] if self._watcher is not None else []) + self._ports[1:] + retire
 
+    def health_families(self) -> list:
+        # the ports' state and link_downed: a few sysfs files per port
+        wanted = ("tracehound_rdma_port_state_id", "tracehound_rdma_port_counter")
+        return [f for c in self._ports[:1] for f in c.collect() if f.name in wanted]
+
     def modes(self) -> dict[str, str]:
         return self.probe.modes()
 
