@@ -37,19 +37,20 @@ def stop(proc: subprocess.Popen) -> None:
 class Agents:
     """One agent per node, started in the node's network namespace."""
 
-    def __init__(self, cluster: Cluster, bus_ids: dict):
+    def __init__(self, cluster: Cluster, bus_ids: dict, extra: tuple = ()):
         self.cluster = cluster
         self.bus_ids = bus_ids
+        self.extra = tuple(extra)       # more `tracehound run` flags for every agent
         self.procs: dict[str, subprocess.Popen] = {}
 
     @classmethod
-    def with_unseen_gpus(cls, cluster: Cluster) -> "Agents":
+    def with_unseen_gpus(cls, cluster: Cluster, extra: tuple = ()) -> "Agents":
         """Agents whose GPUs sit in a PCI domain no machine has, new for every
         run: no line an earlier run left in the kernel log names them (an
         XID 79 would keep a fixed bus id's GPU lost from the start)."""
         domain = 0x1000 + secrets.randbelow(0xe000)
-        return cls(cluster, {n: f"{domain:04x}:{0x10 * i:02x}:00.0"
-                             for i, n in enumerate(cluster.nodes, 1)})
+        return cls(cluster, {n: f"{domain:04x}:{i:02x}:00.0"
+                             for i, n in enumerate(cluster.nodes, 1)}, extra)
 
     def start_all(self, _cluster: Cluster | None = None) -> None:
         """Every node's agent, then wait for each (a Cluster.up hook)."""
@@ -73,7 +74,7 @@ class Agents:
                  "--instance", self.instance(node), "--gpu-bus-ids", self.bus_ids[node],
                  "--gpu-fatal-xid-window", str(FATAL_XID_WINDOW_S),
                  # the nodes share this kernel: each agent exports its slurmd's jobs only
-                 "--cgroup-key", "freezer", "--cgroup-scope", f"/slurm_{node}"],
+                 "--cgroup-key", "freezer", "--cgroup-scope", f"/slurm_{node}", *self.extra],
                 stdout=out, stderr=subprocess.STDOUT)
 
     def wait_started(self, node: str, since: int = 0) -> None:
@@ -96,6 +97,25 @@ class Agents:
 
     def stop(self, node: str) -> None:
         stop(self.procs.get(node))
+
+    def stop_all(self) -> None:
+        """Every agent at once: TERM to all, then wait for each."""
+        running = [p for p in self.procs.values() if p.poll() is None]
+        for proc in running:
+            proc.send_signal(signal.SIGTERM)
+        for proc in running:
+            try:
+                proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+
+    def restart_all(self) -> None:
+        since = {n: os.path.getsize(self.log(n)) for n in self.cluster.nodes}
+        for node in self.cluster.nodes:
+            self.start(node)
+        for node in self.cluster.nodes:
+            self.wait_started(node, since[node])
 
     def forget(self) -> None:
         """Their lock files and state directories end with the session."""

@@ -40,7 +40,7 @@ def pytest_collection_modifyitems(config, items):
                     reason="needs root: namespaces, slurmd's cgroups, BPF"))
 
 
-def write_health_program(run_dir: str) -> str:
+def write_health_program(run_dir: str, extra: str = "") -> str:
     """The nodes' HealthCheckProgram: absolute paths only, as slurmd gives
     it no PATH and no SLURM_CONF; per-node state, verdict and log."""
     path = os.path.join(run_dir, "healthcheck")
@@ -50,7 +50,7 @@ def write_health_program(run_dir: str) -> str:
                 f"exec {tracehound_cmd()[0]} health --slurm-conf {run_dir}/slurm.conf "
                 f"--instance {INSTANCE_PREFIX}\"$SLURMD_NODENAME\" "
                 f"--state-file {node}/health.json --textfile {node}/health.prom "
-                f"--timeout 2 >>{node}/health.log 2>&1\n")
+                f"--timeout 2 {extra}>>{node}/health.log 2>&1\n")
     os.chmod(path, 0o755)
     return path
 
