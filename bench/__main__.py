@@ -91,6 +91,9 @@ BENCHMARKS = (
     Benchmark("explain", "explain", ("explain",), ("root", "slurm"),
               "explain on a healthy fleet (findings, bar 0; answer time), then how soon after "
               "a fault it ranks it first"),
+    Benchmark("health-drain", "health_drain", ("health-drain",), ("root", "slurm"),
+              "fault to drain (kernel-log line to slurmctld's DRAIN) at 20 and 100 nodes against "
+              "HealthCheckInterval, and the breaker's worst instant when every node fails"),
     Benchmark("gpu", "gpu", ("gpu",), ("root", "gpu"),
               "the GPU tier, the GPU faults and the exported values against nvidia-smi"),
 )
