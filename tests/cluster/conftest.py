@@ -3,9 +3,10 @@ one tracehound agent per simulated node, `tracehound health` as the nodes'
 real HealthCheckProgram. Needs root (namespaces, slurmd's cgroups, BPF).
 
 Every node's agent listens on port 9560 of every address of the node's
-network namespace: 127.0.0.1:9560 is the default URL of `tracehound
-health`, which slurmd runs there with its bare environment, and the node's
-bridge address is what the fleet's Prometheus (on the host) scrapes. All nodes share this kernel and
+network namespace, the node's bridge address being what the fleet's
+Prometheus (on the host) scrapes, and serves its root-only local channel at
+/run/tracehound/thtest-<node>.sock, which `tracehound health` (run by
+slurmd with its bare environment) asks. All nodes share this kernel and
 its /dev/kmsg, so each agent serves one GPU bus id of its own
 (--gpu-bus-ids): a GPU error line naming it is that node's alone.
 """
