@@ -321,3 +321,17 @@ def test_state_and_textfile_are_never_written_through_a_link_nor_read_from_a_fif
         read_own(str(tmp_path / "link"), 100)
     # a state health cannot use starts afresh, and the run goes on
     assert hc.load_memory(str(tmp_path / "fifo")).agent_failures == 0
+
+
+def test_an_unexpected_failure_is_one_line_and_could_not_decide(monkeypatch, capsys, tmp_path):
+    # e.g. no thread to be had: never a traceback, never the 1 NHC reads as unfit
+    from tracehound.cli import main
+    from tracehound.commands import health as command
+
+    def fails(_opts):
+        raise RuntimeError("can't start new thread")
+    monkeypatch.setattr(command, "check", fails)
+    assert main(["health", "--check-only", "--state-file", str(tmp_path / "s.json")]) == 2
+    err = capsys.readouterr().err
+    assert err.endswith("cannot decide: RuntimeError: can't start new thread\n")
+    assert "Traceback" not in err and err.count("\n") == 1

@@ -119,3 +119,23 @@ def test_a_dead_agents_socket_is_replaced_and_close_removes_only_its_own(tmp_pat
     assert read_local(path, "/x", 2.0) == b"ok /x?\n"
     second.close()
     assert not os.path.exists(path)
+
+
+def test_clients_read_a_unix_url_and_default_to_the_channel_as_root(channel, monkeypatch):
+    import urllib.error
+    from tracehound.clients import agent_client
+    assert agent_client.split_local(f"unix:{channel.path}/events?kind=xid") == \
+        (channel.path, "/events?kind=xid")
+    with agent_client.open_agent(f"unix:{channel.path}/metrics", 2.0) as r:
+        assert r.read() == b"ok /metrics?\n"
+    with pytest.raises(urllib.error.URLError, match="agent not running"):
+        agent_client.open_agent(f"unix:{channel.path}.gone.sock/metrics", 1.0)
+    with pytest.raises(ValueError, match="names a socket ending in .sock"):
+        agent_client.split_local("unix:/run/tracehound/x")
+    # no URL given, none in the environment: the channel where it is there
+    monkeypatch.setattr(agent_client, "socket_path", lambda instance: channel.path)
+    assert agent_client.metrics_url(None, {}) == f"unix:{channel.path}/metrics"
+    monkeypatch.setattr(agent_client, "socket_path", lambda instance: channel.path + "x.sock")
+    assert agent_client.metrics_url(None, {}) == "http://127.0.0.1:9560/metrics"
+    assert agent_client.metrics_url(None, {"TRACEHOUND_METRICS_URL": "http://h:1/metrics"}) \
+        == "http://h:1/metrics"

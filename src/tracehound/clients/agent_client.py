@@ -9,41 +9,103 @@ password ever sits on a command line:
     TRACEHOUND_USERNAME       basic-auth user,
     TRACEHOUND_PASSWORD_FILE  and the file that holds its password
 
+    TRACEHOUND_SERVER_NAME    the name the agent's certificate must carry, where
+                              it is not the URL's host (one certificate named
+                              `tracehound` for every agent, read at 127.0.0.1)
+
 Without them, https URLs are verified against the system's CAs (or
 SSL_CERT_FILE) and no credentials are sent.
 
-Which agent: every client (top, explain, health, the chaos examples) reads
-the URL it is given, else TRACEHOUND_METRICS_URL, else the local agent's.
+Which agent: every client (top, explain, the chaos examples) reads the URL
+it is given, else TRACEHOUND_METRICS_URL, else the local agent's: its
+root-only local channel (`unix:/run/tracehound/default.sock/metrics`) where
+this process is root and the channel is there and root's, else
+http://127.0.0.1:9560/metrics. A `unix:` URL names the socket (the path up
+to the component ending in `.sock`) and, after it, the HTTP path.
 """
 from __future__ import annotations
 
 import base64
+import io
 import os
+import re
 import ssl
+import urllib.error
 import urllib.request
 from typing import Mapping, Optional
 
 from .. import defaults
+from .local_agent import LocalAgentError, check_socket, read_local, socket_path
 
 URL_VARIABLE = "TRACEHOUND_METRICS_URL"
 DEFAULT_METRICS_URL = f"http://{defaults.LISTEN}/metrics"
+LOCAL_SCHEME = "unix:"
+SOCKET_SUFFIX = ".sock"
+# the socket: up to the first path component ending in .sock; then the target
+_LOCAL_URL = re.compile(r"(/.*?\.sock)(?=/|\?|$)(.*)", re.S)
+
+
+def local_metrics_url(instance: str = defaults.INSTANCE) -> Optional[str]:
+    """The local channel's /metrics URL where this process may trust it."""
+    path = socket_path(instance)
+    if os.geteuid() != 0:
+        return None
+    try:
+        check_socket(path)
+    except LocalAgentError:
+        return None
+    return f"{LOCAL_SCHEME}{path}/metrics"
 
 
 def metrics_url(given: Optional[str] = None, env: Mapping[str, str] = os.environ) -> str:
     """The agent's /metrics URL a client reads: `given`, else the variable,
-    else the local agent's."""
-    return given or env.get(URL_VARIABLE) or DEFAULT_METRICS_URL
+    else the local agent's (its local channel where it can be used)."""
+    return given or env.get(URL_VARIABLE) or local_metrics_url() or DEFAULT_METRICS_URL
+
+
+def split_local(url: str) -> Optional[tuple[str, str]]:
+    """(socket path, HTTP path and query) of a unix: URL, None for another."""
+    if not url.startswith(LOCAL_SCHEME):
+        return None
+    m = _LOCAL_URL.fullmatch(url[len(LOCAL_SCHEME):])
+    if m is None:
+        raise ValueError(f"{url!r}: a unix: URL names a socket ending in {SOCKET_SUFFIX}")
+    return m.group(1), m.group(2) or "/"
+
+
+class _LocalResponse(io.BytesIO):
+    """A local channel's whole answer, read like urllib's response."""
+    status = 200
+    headers: dict = {}
 
 
 def tls_context(env: Mapping[str, str] = os.environ) -> Optional[ssl.SSLContext]:
     """The context for https agent URLs; None: urllib's default."""
     ca, cert, key = (env.get(f"TRACEHOUND_{k}_FILE") for k in ("CA", "CERT", "KEY"))
-    if not (ca or cert):
+    name = env.get("TRACEHOUND_SERVER_NAME")
+    if not (ca or cert or name):
         return None
-    context = ssl.create_default_context(cafile=ca or None)
+    # what ssl.create_default_context makes, of the class that can rename
+    context = (_NamedContext if name else ssl.SSLContext)(ssl.PROTOCOL_TLS_CLIENT)
+    if ca:
+        context.load_verify_locations(ca)
+    else:
+        context.load_default_certs()
+    if name:
+        context.server_name = name
     if cert:
         context.load_cert_chain(cert, key or None)
     return context
+
+
+class _NamedContext(ssl.SSLContext):
+    """Checks the agent's certificate for `server_name`, whatever host the
+    URL names (Prometheus's tls_config.server_name, for local clients)."""
+    server_name: Optional[str] = None
+
+    def wrap_socket(self, sock, *args, server_hostname=None, **kw):
+        return super().wrap_socket(sock, *args, server_hostname=self.server_name or
+                                   server_hostname, **kw)
 
 
 def auth_header(env: Mapping[str, str] = os.environ) -> Optional[str]:
@@ -59,7 +121,14 @@ def open_agent(url: str, timeout: float, headers: Optional[dict] = None,
                env: Mapping[str, str] = os.environ):
     """urllib.request.urlopen of an agent's URL with the environment's TLS
     settings and credentials (credentials over https only: never sent in
-    clear text)."""
+    clear text); a unix: URL is read on the local channel, its failures
+    raised as urllib.error.URLError with the cause."""
+    local = split_local(url)
+    if local is not None:
+        try:
+            return _LocalResponse(read_local(*local, timeout))
+        except LocalAgentError as exc:
+            raise urllib.error.URLError(str(exc)) from None
     headers = dict(headers or {})
     context = None
     if url.lower().startswith("https:"):

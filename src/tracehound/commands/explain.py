@@ -25,7 +25,9 @@ def add_parser(sub, hook=None) -> None:
                    help="the fleet's Prometheus, scraping every node's agent (fleet mode)")
     p.add_argument("--url", metavar="URL", default=None,
                    help="without --prometheus: this node's agent (default "
-                        "$TRACEHOUND_METRICS_URL, else http://127.0.0.1:9560/metrics)")
+                        "$TRACEHOUND_METRICS_URL, else, as root, the local agent's root-only "
+                        "channel unix:/run/tracehound/default.sock/metrics where it runs, "
+                        "else http://127.0.0.1:9560/metrics)")
     p.add_argument("--node", metavar="NAME", default=None,
                    help="without --prometheus: the name this node goes by (default its "
                         "hostname)")

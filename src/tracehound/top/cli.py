@@ -24,7 +24,9 @@ def add_parser(sub, hook=None) -> None:
                     "a idle rows; q quit.")
     src = p.add_mutually_exclusive_group()
     src.add_argument("--url", default=None,
-                     help=f"an agent's metrics URL (default ${URL_VARIABLE}, else {DEFAULT_URL})")
+                     help=f"an agent's metrics URL (default ${URL_VARIABLE}, else, as root, the "
+                          "local agent's root-only channel unix:/run/tracehound/default.sock"
+                          f"/metrics where it runs, else {DEFAULT_URL})")
     src.add_argument("--prometheus", metavar="URL",
                      help="query a Prometheus server instead, e.g. http://prometheus:9090")
     p.add_argument("--window", default="1m", metavar="DURATION",
