@@ -12,7 +12,7 @@ on every node at once, slurmctld sampled every 0.5 s for three intervals:
 the most nodes drained by tracehound at one sample, against the limit.
 Goal: p99 <= interval + 1 s; worst instant <= limit.
 
-    sudo .venv/bin/python -m bench.health_drain [--nodes 20,100] [--interval 15] [--trials 6]
+    sudo .venv/bin/python -m bench.health_drain [--nodes 20,100] [--interval 15,30] [--trials 6]
 
 Writes health-drain.md, health-drain.json and health-drain.png to bench/report (--out).
 """
@@ -24,6 +24,7 @@ import math
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -53,9 +54,24 @@ def xid_line(bus: str, xid: int) -> str:
             "name=python, Channel 00000010")
 
 
-def drained_by_us(cluster: Cluster) -> list[str]:
-    return sorted(n for n, i in cluster.node_info().items()
+def drained_by_us(cluster: Cluster, errors: list) -> list[str] | None:
+    """The nodes slurmctld shows drained by tracehound; None (and the error
+    kept) when it did not answer this poll: a loaded controller times out."""
+    try:
+        info = cluster.node_info()
+    except subprocess.CalledProcessError as exc:
+        errors.append((exc.stderr or "").strip()[-200:])
+        return None
+    return sorted(n for n, i in info.items()
                   if "DRAIN" in i["Flags"] and i.get("Reason", "").startswith(REASON))
+
+
+def node_drained(cluster: Cluster, node: str, errors: list) -> bool:
+    out = cluster.scontrol("show", "node", node, "-o", check=False)
+    if out.returncode != 0:
+        errors.append(out.stderr.strip()[-200:])
+        return False
+    return " Reason=" + REASON in out.stdout and "DRAIN" in out.stdout
 
 
 def health_program(run_dir: str, tracehound: str) -> str:
@@ -79,6 +95,7 @@ def measure(nodes: int, interval: int, trials: int) -> dict:
     agents = Agents.with_unseen_gpus(cluster, extra=("--subsystems", "gpu",
                                                      "--gpu-fatal-xid-window", str(window)))
     out = {"nodes": nodes, "interval_s": interval, "drain_s": []}
+    errors: list = []
     try:
         log(f"{nodes} nodes: starting slurmd and an agent each")
         out["start_s"] = round(cluster.up(before_slurmd=agents.start_all, timeout=600), 1)
@@ -88,7 +105,7 @@ def measure(nodes: int, interval: int, trials: int) -> dict:
                                "none drained")
             t0 = time.monotonic()
             write_kmsg(xid_line(agents.bus_ids[node], 48))
-            while node not in drained_by_us(cluster):
+            while not node_drained(cluster, node, errors):
                 if time.monotonic() - t0 > 3 * interval + 30:
                     raise RuntimeError(f"{node} not drained in {3 * interval + 30} s")
                 time.sleep(0.1)
@@ -101,11 +118,18 @@ def measure(nodes: int, interval: int, trials: int) -> dict:
         for node in cluster.nodes:
             write_kmsg(xid_line(agents.bus_ids[node], 79))
         worst, end = 0, time.monotonic() + 3 * interval
+        samples = 0
         while time.monotonic() < end:
-            worst = max(worst, len(drained_by_us(cluster)))
+            now = drained_by_us(cluster, errors)
+            if now is not None:
+                worst, samples = max(worst, len(now)), samples + 1
             time.sleep(0.5)
-        out.update(limit=limit, worst_instant=worst, drained_at_end=len(drained_by_us(cluster)),
-                   load=loadavg())
+        at_end = None
+        while at_end is None:
+            at_end = drained_by_us(cluster, errors)
+        out.update(limit=limit, worst_instant=worst, samples=samples,
+                   drained_at_end=len(at_end), load=loadavg(),
+                   unanswered_polls=len(errors), last_error=errors[-1] if errors else "")
     finally:
         agents.stop_all()
         cluster.down()
@@ -134,7 +158,9 @@ def markdown(results: list[dict], st: dict) -> str:
                      f"{r['drained_at_end']} | {' '.join(r['load'])} |")
     lines += ["", "Every trial, in seconds:", ""]
     lines += [f"- {r['nodes']} nodes (cluster up in {r['start_s']} s): "
-              + ", ".join(map(str, r["drain_s"])) for r in results]
+              + ", ".join(map(str, r["drain_s"])) + f"; {r['samples']} samples of the storm; "
+              f"{r['unanswered_polls']} polls slurmctld did not answer"
+              + (f" (last: {r['last_error']})" if r["last_error"] else "") for r in results]
     return "\n".join(lines) + "\n"
 
 
@@ -157,11 +183,15 @@ def plot(results: list[dict], path: Path) -> None:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nodes", default="20,100")
-    p.add_argument("--interval", type=int, default=15)
+    p.add_argument("--interval", default="15,30",
+                   help="HealthCheckInterval for each size, in order (one value: for all)")
     p.add_argument("--trials", type=int, default=6)
     p.add_argument("--out", type=Path, default=REPORT)
     args = p.parse_args()
-    results = [measure(int(n), args.interval, args.trials) for n in args.nodes.split(",")]
+    sizes = [int(n) for n in args.nodes.split(",")]
+    intervals = [int(i) for i in args.interval.split(",")]
+    intervals += intervals[-1:] * (len(sizes) - len(intervals))
+    results = [measure(n, i, args.trials) for n, i in zip(sizes, intervals)]
     st = stamp()
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "health-drain.json").write_text(json.dumps({**st, "results": results}, indent=1))
