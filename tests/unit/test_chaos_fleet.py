@@ -229,3 +229,51 @@ def test_a_dry_run_prints_the_plan_and_each_nodes_srun_line(monkeypatch, capsys,
     assert "chaos run " in text and " --yes --journal " in text and "--allow-code" not in text
     assert not (tmp_path / "j").exists()
 
+
+
+def test_a_step_is_found_by_its_own_exact_name_never_by_its_jobs(monkeypatch):
+    # inside --jobid, squeue --name matches the *job's* name, so every step of
+    # the user's job came back; the run's step is told apart by its own name
+    from tracehound.chaos.fleet import slurm
+    listing = ("18.0|user-training\n18.1|tracehound-chaos-R-n1\n18.2|tracehound-chaos-R-n1x\n"
+               "18.extern|extern\n19.0|tracehound-chaos-R-n1\n")
+    calls = []
+    monkeypatch.setattr(slurm, "run", lambda argv: calls.append(argv) or listing)
+    assert slurm.step_name("R", "n1") == "tracehound-chaos-R-n1"
+    assert slurm.find_steps("tracehound-chaos-R-n1") == ["18.1", "19.0"]
+    assert calls[-1] == ["squeue", "-h", "-s", "-o", "%i|%j"]
+    slurm.signal_step("18.1")
+    assert calls[-1] == ["scancel", "--signal=TERM", "--quiet", "18.1"]
+    for bad in ("18", "18.extern", "18.1,18.0", "-1.0"):
+        with pytest.raises(slurm.SlurmError, match="not a step id"):
+            slurm.signal_step(bad)
+
+
+def test_the_fleet_journal_keeps_each_launchs_step(tmp_path):
+    records = [{"event": "launch", "node": "n1", "job_id": "18"},
+               {"event": "step", "node": "n1", "step": "18.1"},
+               {"event": "step", "node": "n2", "step": "18.0;rm"},
+               {"event": "launch", "node": "n3", "job_id": "18"},
+               {"event": "step", "node": "n3", "step": "18.2"},
+               {"event": "launch", "node": "n3", "job_id": "18"}]   # relaunched: step unknown
+    assert fleet_journal.steps(records) == {"n1": "18.1"}
+
+
+def test_the_fleet_question_is_scoped_to_the_node_in_every_selector_and_spans_four_scrapes():
+    fault = {"fault": "io.throttle", "arguments": {"cgroup": "/x", "wbps": 1000},
+             "state": {"job_id": "16"}}
+    promql, predicate = report.instance_promql(fault, "node", "n3")
+    # the histogram's _sum and _count each carry the node: no other node averages in
+    assert promql.count('node=~"n3([.:].*)?"') == 2 and predicate == "> 0.005"
+    assert "[30s]" in promql
+    assert report.widen(promql, 4 * 30.0).count("[120s]") == 2
+    assert report.widen("rate(x[5m])", 120) == "rate(x[5m])"        # long enough already
+    intervals = [({"node": "n3"}, 30.0), ({"node": "n30"}, 60.0), ({"node": "n3.lab:9560"}, 15.0)]
+    assert report.node_interval(intervals, "node", "n3") == 30.0
+    assert report.node_interval(intervals, "node", "n4") == 0.0
+
+
+def test_prometheus_durations():
+    from tracehound.clients.prometheus import duration_seconds
+    assert [duration_seconds(t) for t in ("30s", "1m30s", "500ms", "2h", "", "30", "1x")] == \
+        [30, 90, 0.5, 7200, None, None, None]

@@ -7,7 +7,7 @@ import sys
 from .journal import DEFAULT_DIR
 
 from .exit_codes import (EXIT_FAILED, EXIT_INTERRUPTED, EXIT_INVALID, EXIT_OK,  # noqa: F401
-                         EXIT_QUARANTINED, EXIT_ROLLBACK)
+                         EXIT_QUARANTINED, EXIT_ROLLBACK, EXIT_ALIVE)
 ALLOW_CODE_HELP = ("consent to the experiment's python and process providers (and "
                    "gpu.nccl's job): they run any code, as root under sudo")
 
@@ -227,8 +227,9 @@ def cmd_recover(args) -> int:
         return fleet_cli.cmd_recover(args, out, err)
     from .recovery import recover
     from .trust import UntrustedFile
+    alive: list[str] = []
     try:
-        done, failed, bad = recover(args.journal, out, err)   # a missing journal: nothing
+        done, failed, bad = recover(args.journal, out, err, alive)   # a missing journal: nothing
     except PermissionError as exc:
         err(f"tracehound: error: cannot recover: {exc.filename}: {exc.strerror} "
             "(the journal is root's: run as root)")
@@ -236,7 +237,10 @@ def cmd_recover(args) -> int:
     except UntrustedFile as exc:
         err(f"tracehound: error: cannot recover: refusing the journal: {exc}")
         return EXIT_FAILED
-    if not done and not failed:
+    for path in alive:
+        out(f"tracehound: a live run holds {path}: not recovered (it rolls back itself when "
+            "it ends; stop it first)")
+    if not done and not failed and not alive:
         out("tracehound: nothing to recover: no dead run left a fault applied "
             "or a rollback not run")
     else:
@@ -246,6 +250,8 @@ def cmd_recover(args) -> int:
             + ", ".join(q.moved_to or q.path for q in bad))
     if failed:
         return EXIT_ROLLBACK
+    if alive:
+        return EXIT_ALIVE
     return EXIT_QUARANTINED if bad else EXIT_OK
 
 

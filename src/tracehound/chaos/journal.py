@@ -255,11 +255,17 @@ class Quarantined:
     moved_to: str | None      # None: it could not be moved aside
 
 
-def dead_runs(directory: str, quarantined: list[Quarantined] | None = None) -> list[DeadRun]:
+class _Alive(Exception):
+    pass
+
+
+def dead_runs(directory: str, quarantined: list[Quarantined] | None = None,
+              alive: list[str] | None = None) -> list[DeadRun]:
     """Runs whose process is gone and that left faults applied or their
     declared rollbacks not run. Each comes with its file locked; release it
     with release(). A bad journal is moved into quarantine/ and added to
-    `quarantined`; the others are read all the same."""
+    `quarantined`; the others are read all the same. The journals a live run
+    still holds are added to `alive`: not recovered, and not nothing."""
     out: list[DeadRun] = []
     # glob() reads an unreadable directory as an empty one: that would be a
     # quiet "nothing to recover" while faults stay applied
@@ -275,6 +281,10 @@ def dead_runs(directory: str, quarantined: list[Quarantined] | None = None) -> l
             run = _dead_run(path)
         except FileNotFoundError:
             continue            # its run just ended and removed it
+        except _Alive:
+            if alive is not None:
+                alive.append(path)
+            continue
         except BadJournal as exc:
             moved = quarantine(directory, path, str(exc))
             if quarantined is not None:
@@ -294,7 +304,7 @@ def _dead_run(path: str) -> DeadRun | None:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:
         os.close(fd)            # a live run owns it
-        return None
+        raise _Alive(path) from None
     try:
         trust.check_stat(st, path, "the journal")
         records = parse_records(read_open(fd, path))

@@ -6,15 +6,16 @@ from . import providers
 from .journal import Journal, Quarantined, dead_runs, release
 
 
-def recover(directory: str, out, err) -> tuple[int, int, list[Quarantined]]:
+def recover(directory: str, out, err, alive: list[str] | None = None
+            ) -> tuple[int, int, list[Quarantined]]:
     """Roll back every pending fault of every dead run, newest first, then
     run the experiment's declared rollbacks it never ran (stopping its helper
     workloads, removing what they made). Returns (done, failed, the bad
     journals moved aside); each failure and each bad journal gets its own
-    stderr line."""
+    stderr line. The journals live runs hold are added to `alive`."""
     done = failed = 0
     quarantined: list[Quarantined] = []
-    runs = dead_runs(directory, quarantined)
+    runs = dead_runs(directory, quarantined, alive)
     for bad in quarantined:
         where = f"moved to {bad.moved_to}" if bad.moved_to else "left where it is"
         err(f"tracehound: QUARANTINED journal {bad.path} ({where}): {bad.reason}; "

@@ -137,6 +137,36 @@ def query_range(url: str, promql: str, start: float, end: float, step: float,
             for r in data.get("result") or []]
 
 
+_DURATION = re.compile(r"([0-9]+)(ms|s|m|h|d)")
+_UNIT_S = {"ms": 0.001, "s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def duration_seconds(text: str) -> float | None:
+    """A Prometheus duration ('30s', '1m30s') in seconds; None if it is not one."""
+    parts = _DURATION.findall(text or "")
+    if not parts or "".join(n + u for n, u in parts) != text:
+        return None
+    return sum(int(n) * _UNIT_S[u] for n, u in parts)
+
+
+def target_intervals(url: str, timeout: float = 10.0) -> list[tuple[dict, float]]:
+    """(labels, scrape interval in seconds) of every active target."""
+    request = urllib.request.Request(_endpoint(url, "/api/v1/targets?state=active"),
+                                     headers={"Accept": "application/json"})
+    try:
+        with urllib.request.urlopen(request, timeout=timeout) as resp:
+            doc = json.loads(resp.read())
+    except (urllib.error.URLError, OSError, ValueError) as exc:
+        raise PrometheusError(f"cannot read the targets of {url}: "
+                              f"{getattr(exc, 'reason', exc)}") from None
+    out = []
+    for t in (doc.get("data") or {}).get("activeTargets") or []:
+        seconds = duration_seconds(str(t.get("scrapeInterval", "")))
+        if seconds and isinstance(t.get("labels"), dict):
+            out.append((t["labels"], seconds))
+    return out
+
+
 def _api(url: str, path: str, form: dict, promql: str, timeout: float) -> dict:
     # POST: long PromQL expressions would overflow a URL.
     request = urllib.request.Request(

@@ -97,6 +97,10 @@ class ProcKill(_ProcessFault):
         return "irreversible: killed processes are not restarted"
 
 
+# how long a rollback waits to see its SIGCONT land
+THAW_CHECK_S = 2.0
+
+
 def _stopped(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:
@@ -133,8 +137,19 @@ class ProcStop(_ProcessFault):
 
     def rollback(self, state):
         keep = set(state.get("stopped_before", ()))
-        self._signal({"procs": [row for row in state["procs"] if row[0] not in keep]},
-                     signal.SIGCONT)
+        thawed = [row for row in state["procs"] if row[0] not in keep]
+        self._signal({"procs": thawed}, signal.SIGCONT)
+        # verified where it lands: none of them is left stopped (the kernel
+        # wakes a stopped task at once; a moment is allowed for it)
+        deadline = time.monotonic() + THAW_CHECK_S
+        while True:
+            still = [pid for pid, start, *_ in thawed
+                     if same_process(pid, start) and _stopped(pid)]
+            if not still:
+                break
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"still stopped after SIGCONT: pid {', '.join(map(str, still))}")
+            time.sleep(0.05)
         return f"left {len(keep)} process(es) stopped as found" if keep else None
 
 

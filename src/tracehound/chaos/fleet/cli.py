@@ -188,8 +188,10 @@ def _launch(args, exp, experiment, plan, out, err) -> int:
                          args.detect_timeout if launch["status"] == "completed" else
                          min(args.detect_timeout, 10))
     paths = render.write(fleet, report_dir, plot=not args.no_plot)
-    out(f"tracehound: fleet: '{exp.title}' {launch['status']}: landed on "
-        f"{len(fleet['landed'])} of {len(plan.nodes)} node(s)")
+    out(f"tracehound: fleet: '{exp.title}' {fleet['status']}: landed on "
+        f"{len(fleet['landed'])} of {len(plan.nodes)} node(s)"
+        + ("".join(f"; {n}: {why}" for n, why in sorted(fleet["failed_nodes"].items()))
+           if fleet["status"] == "failed" else ""))
     for row in fleet["summary"]:
         for source in ("agent", "prometheus"):
             s = row[source]

@@ -9,6 +9,7 @@ names a path to act on.
 
     fleet-start  run, pid, host, title, source, plan
     launch       node, job_id          (before srun starts)
+    step         node, step            (its step's id, once squeue lists it)
     node-end     node, rc, status      (after srun returned)
     recovered    node, ok, detail
     run-end      status                (the launcher finished)
@@ -71,6 +72,9 @@ class FleetJournal(local.Journal):
     def launch(self, node: str, job_id: str | None) -> None:
         self.write({"event": "launch", "node": node, "job_id": job_id})
 
+    def step(self, node: str, step_id: str) -> None:
+        self.write({"event": "step", "node": node, "step": step_id})
+
     def node_end(self, node: str, rc: int | None, status: str) -> None:
         self.write({"event": "node-end", "node": node, "rc": rc, "status": status})
 
@@ -82,9 +86,11 @@ class DeadFleetRun:
     """A fleet run whose launcher is gone, locked by the recovery: the nodes
     it launched on whose runs did not end clean and are not recovered yet."""
 
-    def __init__(self, run_id: str, fd: int, title: str, nodes: dict[str, str | None]):
+    def __init__(self, run_id: str, fd: int, title: str, nodes: dict[str, str | None],
+                 steps: dict[str, str] | None = None):
         self.run_id, self.fd, self.title = run_id, fd, title
         self.nodes = nodes          # node -> the job id it ran inside (None: its own)
+        self.steps = steps or {}    # node -> its run's step id, where the launcher learnt it
 
 
 def touched(records: list[dict]) -> dict[str, str | None]:
@@ -103,6 +109,24 @@ def touched(records: list[dict]) -> dict[str, str | None]:
             out.pop(node, None)
         elif event == "recovered" and rec.get("ok") is True:
             out.pop(node, None)
+    return out
+
+
+_STEP = re.compile(r"^[0-9]{1,12}\.[0-9]{1,9}$")
+
+
+def steps(records: list[dict]) -> dict[str, str]:
+    """node -> the step id of its latest launch, where one was journalled."""
+    out: dict[str, str] = {}
+    for rec in records:
+        node = rec.get("node")
+        if not isinstance(node, str) or not _NODE.match(node):
+            continue
+        if rec.get("event") == "launch":
+            out.pop(node, None)
+        elif rec.get("event") == "step" and isinstance(rec.get("step"), str) \
+                and _STEP.match(rec["step"]):
+            out[node] = rec["step"]
     return out
 
 
@@ -142,5 +166,5 @@ def dead_runs(base: str, err) -> list[DeadFleetRun]:
             os.close(fd)
             continue
         title = next((r.get("title") for r in records if r.get("event") == "fleet-start"), "")
-        out.append(DeadFleetRun(run_id, fd, str(title), nodes))
+        out.append(DeadFleetRun(run_id, fd, str(title), nodes, steps(records)))
     return out

@@ -4,9 +4,12 @@ Each node runs the ordinary local `tracehound chaos run` (its own journal
 first, rollback always); the launcher only decides who runs when, writes
 the fleet journal before each launch, and stops the fleet when told: an
 --abort-when PromQL condition that holds, SIGINT or SIGTERM. Stopping means
-no new node starts and every running node gets SIGTERM (srun hands it to
-the node's run, which rolls back and ends); a node that does not end within
---stop-timeout is killed and left to `chaos recover --slurm`.
+no new node starts and every running node's run gets SIGTERM through its own
+step, named by the id squeue gave it under the run's own step name (kept in
+the fleet journal), so no other step of a job it runs inside is ever
+signalled; the run rolls back and ends. A step that cannot be identified is
+not signalled but reported; a node that does not end within --stop-timeout
+has its own srun killed and is left to `chaos recover --slurm`.
 """
 from __future__ import annotations
 
@@ -52,6 +55,8 @@ class NodeRun:
     rc: int | None = None
     stopped: bool = False       # got SIGTERM from the launcher
     killed: bool = False        # did not end in time and was killed
+    step_id: str | None = None  # JOB.STEP, once squeue lists it under the run's own name
+    unidentified: bool = False  # its step was never found: never signalled
 
 
 class Launcher:
@@ -64,8 +69,7 @@ class Launcher:
         self.stop_reason: str | None = None
         self._abort_failures = 0
         self._next_check = 0.0
-        # the name of every node's job or step: how an abort finds them
-        self.step_name = f"tracehound-chaos-{run_id}"
+        self._next_lookup = 0.0
 
     # -- paths -------------------------------------------------------------
     def node_dir(self, node: str) -> str:
@@ -106,7 +110,8 @@ class Launcher:
                 "end": time.time(), "plan": self.plan.to_json(),
                 "fleet_journal": self.journal.path,
                 "runs": {n: {"launched_at": r.launched_at, "ended_at": r.ended_at,
-                             "rc": r.rc, "stopped": r.stopped, "killed": r.killed}
+                             "rc": r.rc, "stopped": r.stopped, "killed": r.killed,
+                         "step_id": r.step_id, "unidentified": r.unidentified}
                          for n, r in self.runs.items()}}
 
     def _on_signal(self, signum, _frame) -> None:
@@ -120,7 +125,8 @@ class Launcher:
         run = self.runs[node]
         os.makedirs(self.node_dir(node), exist_ok=True)
         argv = slurm.srun_argv(node, self.node_command(node), self.plan.partition,
-                               self.plan.job_id, self.opt.immediate_s, self.step_name)
+                               self.plan.job_id, self.opt.immediate_s,
+                               slurm.step_name(self.run_id, node))
         # journaled (fsync'd) before srun exists: a launcher killed from here
         # on leaves a record that `chaos recover --slurm` reaches this node by
         self.journal.launch(node, self.plan.job_id)
@@ -141,9 +147,30 @@ class Launcher:
                 self.journal.node_end(node, run.rc, status)
                 self.out(f"tracehound: fleet: {node} ended: {status} (srun exit {run.rc})")
 
+    def _identify(self, force: bool = False) -> None:
+        """Each running node's step id, from squeue under the run's own step
+        name for that node (exact, never the job's name), journalled as soon
+        as it is known: every signal later names it."""
+        now = time.monotonic()
+        if not force and now < self._next_lookup:
+            return
+        self._next_lookup = now + 1.0
+        for node, run in self.runs.items():
+            if run.proc is None or run.rc is not None or run.step_id is not None:
+                continue
+            try:
+                ids = slurm.find_steps(slurm.step_name(self.run_id, node))
+            except slurm.SlurmError as exc:
+                self.err(f"tracehound: fleet: cannot list {node}'s step: {exc}")
+                continue
+            if len(ids) == 1:
+                run.step_id = ids[0]
+                self.journal.step(node, run.step_id)
+
     def _wait(self, wave: list[str]) -> None:
         while any(self.runs[n].rc is None for n in wave):
             self._reap()
+            self._identify()
             self._check_abort()
             if self.stop_reason:
                 return
@@ -185,10 +212,14 @@ class Launcher:
             return
         for run in running:
             run.stopped = True
-            # the node's run rolls back and ends on SIGTERM; only where its
-            # step cannot be found is srun told, which cancels the step
+            # the node's run rolls back and ends on SIGTERM, sent to its own
+            # step by id: a step that cannot be identified is left alone
+            # (no other step of the job is ever signalled in its place)
             if not self._signal_step(run):
-                _signal(run.proc, signal.SIGTERM)
+                run.unidentified = True
+                self.err(f"tracehound: fleet: {run.node}: its step could not be identified: "
+                         "not signalled; it ends by itself, or run 'tracehound chaos recover "
+                         "--slurm'")
         deadline = time.monotonic() + self.opt.stop_timeout_s
         while any(r.proc.poll() is None for r in running) and time.monotonic() < deadline:
             time.sleep(POLL_S)
@@ -196,27 +227,30 @@ class Launcher:
             if run.proc.poll() is None:
                 run.killed = True
                 self.err(f"tracehound: fleet: {run.node} did not end within "
-                         f"{self.opt.stop_timeout_s:g} s: killed; run 'tracehound chaos recover "
-                         "--slurm'")
+                         f"{self.opt.stop_timeout_s:g} s: its srun killed (its own step alone "
+                         "ends); run 'tracehound chaos recover --slurm'")
                 _signal(run.proc, signal.SIGKILL)
                 run.proc.wait()
         self._reap()
 
     def _signal_step(self, run: NodeRun) -> bool:
-        """SIGTERM to the node's run through Slurm; a step launched a moment
-        ago may not be listed yet, so it is looked for a few seconds."""
+        """SIGTERM to the node's run through its own step; one launched a
+        moment ago may not be listed yet, so it is looked for a few seconds."""
         deadline = time.monotonic() + STEP_LOOKUP_S
-        while run.proc.poll() is None:
-            try:
-                if slurm.signal_step(self.step_name, run.node, "TERM"):
-                    return True
-            except slurm.SlurmError as exc:
-                self.err(f"tracehound: fleet: cannot signal {run.node}'s run: {exc}")
-                return False
-            if time.monotonic() > deadline:
-                return False
-            time.sleep(POLL_S)
-        return True         # it ended by itself meanwhile
+        while run.step_id is None and run.proc.poll() is None:
+            self._identify(force=True)
+            if run.step_id is None:
+                if time.monotonic() > deadline:
+                    return False
+                time.sleep(POLL_S)
+        if run.proc.poll() is not None:
+            return True         # it ended by itself meanwhile
+        try:
+            slurm.signal_step(run.step_id, "TERM")
+        except slurm.SlurmError as exc:
+            self.err(f"tracehound: fleet: cannot signal {run.node}'s step {run.step_id}: {exc}")
+            return False
+        return True
 
 
 def node_run_argv(tracehound: list[str], experiment: str, journal: str, report: str,

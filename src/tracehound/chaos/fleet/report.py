@@ -23,6 +23,8 @@ from ..detection import compare, parse_predicate
 from .launcher import node_record_path
 
 _SELECTOR = re.compile(r"^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{.*\})?$")
+# a range in a question asked of Prometheus spans at least this many scrapes
+SCRAPES_PER_RANGE = 4
 
 
 def node_matcher(label: str, node: str) -> str:
@@ -49,10 +51,37 @@ def instance_promql(fault: dict, label: str, node: str) -> tuple[str | None, str
         return None, f"no detection query: {exc}"
     if not det.query or not det.promql:
         return None, det.note or "this fault has no PromQL detection"
-    scoped = with_matcher(det.query, node_matcher(label, node))
+    matcher = node_matcher(label, node)
+    scoped = with_matcher(det.query, matcher)
     if scoped is None:
         return None, f"cannot scope {det.query!r} to one instance"
-    return det.promql.replace(det.query, scoped), det.predicate
+    # every selector of the question (a histogram's _sum and _count beside
+    # each other) carries the query's label set: each gets the node's matcher
+    braces = _SELECTOR.match(det.query).group(2)
+    promql = (det.promql.replace(braces, scoped[len(_SELECTOR.match(scoped).group(1)):])
+              if braces else det.promql.replace(det.query, scoped))
+    if matcher not in promql:
+        return None, f"cannot scope {det.promql!r} to one instance"
+    return promql, det.predicate
+
+
+_RANGE = re.compile(r"\[([0-9]+)(s|m|h)\]")
+
+
+def widen(promql: str, at_least_s: float) -> str:
+    """Every range of `promql` at least `at_least_s` long: a rate over fewer
+    than about four scrapes answers nothing, or a lone pair's noise."""
+    def one(m):
+        seconds = int(m.group(1)) * {"s": 1, "m": 60, "h": 3600}[m.group(2)]
+        return m.group(0) if seconds >= at_least_s else f"[{math.ceil(at_least_s)}s]"
+    return _RANGE.sub(one, promql)
+
+
+def node_interval(intervals: list[tuple[dict, float]], label: str, node: str) -> float:
+    """The longest scrape interval of the node's targets (0: none known)."""
+    own = re.compile(re.escape(node) + r"([.:].*)?")
+    return max((s for labels, s in intervals if own.fullmatch(str(labels.get(label, "")))),
+               default=0.0)
 
 
 def _wall(record: dict, relative: float | None) -> float | None:
@@ -75,13 +104,20 @@ def ask_prometheus(url: str, label: str, nodes: dict[str, dict], timeout_s: floa
     """Fill nodes[n]["prometheus"] for every applied fault: detected on that
     instance, and when. Waits up to timeout_s for a scrape still to come."""
     asks = []
+    try:
+        intervals = prometheus.target_intervals(url)
+    except prometheus.PrometheusError:
+        intervals = []      # the queries keep their own ranges
     for node, info in nodes.items():
         info["prometheus"] = []
+        interval = node_interval(intervals, label, node)
         for fault in info.get("faults", []):
             applied = fault.get("applied_wall")
             if applied is None:
                 continue
             promql, predicate = instance_promql(fault, label, node)
+            if promql and interval:
+                promql = widen(promql, SCRAPES_PER_RANGE * interval)
             entry = {"fault": fault["fault"], "action": fault["action"], "query": promql,
                      "detected": False, "mttd_seconds": None,
                      "note": "" if promql else predicate}
@@ -118,7 +154,10 @@ def collect(launch: dict, report_dir: str) -> dict[str, dict]:
     for node in launch["plan"]["nodes"]:
         run = launch["runs"].get(node, {})
         info = {"launched": run.get("launched_at") is not None, "rc": run.get("rc"),
-                "stopped": run.get("stopped"), "killed": run.get("killed"), "faults": [],
+                "launched_at": run.get("launched_at"), "ended_at": run.get("ended_at"),
+                "stopped": run.get("stopped"), "killed": run.get("killed"),
+                "step_id": run.get("step_id"), "unidentified": run.get("unidentified"),
+                "faults": [],
                 "detections": []}
         path = node_record_path(os.path.join(report_dir, "nodes", node))
         record = None
@@ -209,8 +248,15 @@ def build(launch: dict, report_dir: str, prometheus_url: str | None, node_label:
     if prometheus_url:
         ask_prometheus(prometheus_url, node_label, nodes, detect_timeout_s)
     landed = [n for n, i in nodes.items() if i["status"] != "not landed"]
-    return {**{k: launch[k] for k in ("run_id", "title", "experiment", "status", "stop_reason",
+    # a run is completed only where every node's run completed: one node's
+    # failure is the run's, never hidden under its launcher's "completed"
+    failed = {n: str(i["status"]) for n, i in nodes.items() if i["status"] != "completed"}
+    status = launch["status"]
+    if status == "completed" and failed:
+        status = "failed"
+    return {**{k: launch[k] for k in ("run_id", "title", "experiment", "stop_reason",
                                       "plan", "fleet_journal")},
+            "status": status, "failed_nodes": failed if status != "completed" else {},
             "start": launch["start"], "end": launch["end"], "prometheus": prometheus_url,
             "node_label": node_label, "landed": landed, "nodes": nodes,
             "summary": summarize(nodes)}

@@ -4,6 +4,7 @@ that runs one node's part. Every call is a Slurm client run with a timeout;
 a failure is a SlurmError that says which command and why."""
 from __future__ import annotations
 
+import re
 import shutil
 import subprocess
 from dataclasses import dataclass
@@ -11,6 +12,8 @@ from dataclasses import dataclass
 TIMEOUT_S = 30
 # node states in which a node can take an exclusive allocation now
 IDLE_STATES = {"idle"}
+# a step's id: JOB.STEP (a job's own batch or extern steps are never ours)
+_STEP_ID = re.compile(r"[0-9]{1,12}\.[0-9]{1,9}")
 
 
 class SlurmError(Exception):
@@ -113,14 +116,35 @@ def srun_argv(node: str, command: list[str], partition: str | None, job_id: str 
     return [*argv, "--", *command]
 
 
-def signal_step(name: str, node: str, signame: str = "TERM") -> bool:
-    """Send a signal to the tasks of the step named `name` on `node` without
-    cancelling it (scancel --signal only signals): srun itself, sent
+def step_name(run_id: str, node: str) -> str:
+    """The name of the step one node's run is launched as: the run's and the
+    node's, so no step of anyone else's bears it."""
+    return f"tracehound-chaos-{run_id}-{node}"
+
+
+def find_steps(name: str) -> list[str]:
+    """The ids (JOB.STEP) of the running steps named exactly `name`.
+    squeue's --name filters by the *job's* name (inside --jobid, the user's
+    job: every one of its steps matches), so every step is listed and its
+    own name compared here."""
+    out = []
+    for line in run(["squeue", "-h", "-s", "-o", "%i|%j"]).splitlines():
+        sid, _, step = line.strip().partition("|")
+        if step == name and _STEP_ID.fullmatch(sid):
+            out.append(sid)
+    return out
+
+
+def step_running(step_id: str) -> bool:
+    return step_id in {line.strip() for line in
+                       run(["squeue", "-h", "-s", "-o", "%i"]).splitlines()}
+
+
+def signal_step(step_id: str, signame: str = "TERM") -> None:
+    """Send a signal to the tasks of exactly step `step_id` (JOB.STEP)
+    without cancelling it (scancel --signal only signals): srun itself, sent
     SIGTERM, would cancel the step and its tasks would die without their
-    rollback. False if no such step is running (yet)."""
-    steps = [line.split("|") for line in run(
-        ["squeue", "-h", "-s", f"--name={name}", "-o", "%i|%N"]).splitlines()]
-    ids = [sid for sid, *where in steps if where and node in hostnames(where[0])]
-    for sid in ids:
-        run(["scancel", f"--signal={signame}", "--quiet", sid])
-    return bool(ids)
+    rollback."""
+    if not _STEP_ID.fullmatch(step_id):
+        raise SlurmError(f"{step_id!r} is not a step id (JOB.STEP)")
+    run(["scancel", f"--signal={signame}", "--quiet", step_id])
