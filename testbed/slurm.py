@@ -35,9 +35,6 @@ V1_ROOT = "/sys/fs/cgroup"
 PARTITION = "batch"
 MUNGED, SLURMCTLD, SLURMD = "/usr/sbin/munged", "/usr/sbin/slurmctld", "/usr/sbin/slurmd"
 SCONTROL = "/usr/bin/scontrol"
-# what each simulated node says it has: a job without --mem may use this much
-# (memory is constrained, not scheduled: CR_Core); the nodes share the host's
-NODE_MEMORY_MB = 4096
 
 
 class ClusterError(RuntimeError):
@@ -186,17 +183,14 @@ class Cluster:
         cpus = os.cpu_count() or 1
         for node in self.nodes:
             lines.append(f"NodeName={node} NodeAddr={s['addr_of'][node]} NodeHostname={node} "
-                         f"CPUs={cpus} RealMemory={NODE_MEMORY_MB} State=UNKNOWN")
+                         f"CPUs={cpus} RealMemory=100 State=UNKNOWN")
         lines.append(f"PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
         with open(self.conf, "w") as f:
             f.write("\n".join(lines) + "\n")
         with open(os.path.join(run, "cgroup.conf"), "w") as f:
             # this host is hybrid: only the v1 plugin finds its controllers
             f.write(f"CgroupPlugin=cgroup/v1\nCgroupMountpoint={V1_ROOT}\n"
-                    # memory limits for real: srun --mem is enforced, and a task
-                    # past it is OOM-killed by the kernel in the job's v1 memory cgroup
-                    "ConstrainCores=yes\nConstrainRAMSpace=yes\nConstrainSwapSpace=yes\n"
-                    "ConstrainDevices=no\n")
+                    "ConstrainCores=yes\nConstrainRAMSpace=no\nConstrainDevices=no\n")
 
     def _spawn(self, name: str, argv: list[str], log: str) -> None:
         # The pid is journalled with the executable it must be, so a later

@@ -117,6 +117,7 @@ def test_a_killed_launcher_whose_node_runs_live_on_is_recovered_for_real(cluster
     assert done.returncode == 0, done.stdout + done.stderr
     for node in job.nodes:
         line = next(ln for ln in done.stdout.splitlines() if f": {node}: " in ln)
+        # alive when recover looked: stopped by its step's id (or ended as it was)
         assert ": recovered: its run (step " in line and "was alive: stopped it" in line, line
     assert_job_whole(cluster, job)
     again = subprocess.run([*tracehound_cmd(), "chaos", "recover", "--slurm", "--journal",

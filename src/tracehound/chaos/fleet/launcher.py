@@ -248,8 +248,9 @@ class Launcher:
         try:
             slurm.signal_step(run.step_id, "TERM")
         except slurm.SlurmError as exc:
-            self.err(f"tracehound: fleet: cannot signal {run.node}'s step {run.step_id}: {exc}")
-            return False
+            # scancel --signal may deliver and still exit 1 (Slurm 22.05, a step
+            # inside a job): the wait for the run's end judges it
+            self.err(f"tracehound: fleet: {run.node}'s step {run.step_id}: {exc}")
         return True
 
 
