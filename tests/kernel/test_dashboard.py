@@ -135,7 +135,7 @@ def health_families(tmp_path):
     """What `tracehound health --textfile` writes for a drained, unfit node."""
     path = tmp_path / "tracehound_health.prom"
     verdict = SimpleNamespace(findings=[SimpleNamespace(condition="gpu_lost")], refusal=None,
-                              action="drain")
+                              action="drain", common_mode={}, pending="")
     write_textfile(str(path), verdict, 0.1)
     return list(text_string_to_metric_families(path.read_text()))
 
