@@ -107,4 +107,4 @@ def test_every_node_failing_at_once_drains_at_most_the_limit_and_never_flaps(fle
     assert all("XID 79 GPU fell off the bus" in info[n]["Reason"] for n in drained)
     out = subprocess.run(["scontrol", "show", "reservation"], env=fleet.env(),
                          capture_output=True, text=True, timeout=30)
-    assert "tracehound_drain_lock" not in out.stdout       # no lock left held
+    assert "tracehound-drain-lock" not in out.stdout       # no lock left held

@@ -59,8 +59,12 @@ def gpu_families(tmp_path):
                      procs={1234: ("/slurm/job_42", "0-3", "0"),
                             5678: ("/kubepods/pod1", "4-7", "1")})
     collector = make_collector(FakeNvml([full_gpu(), second_gpu()]), host)
-    # the agent serves the detector's counters beside the collector's families
-    return list(collector.collect()) + list(collector.detector.collect())
+    # the agent serves the detector's counters beside the collector's families,
+    # and on its local channel the health families
+    from tracehound.collectors.gpu_kmsg import GpuKernelLogCollector
+    from tracehound.detect.gpu_kmsg import GpuKernelLog
+    local = GpuKernelLogCollector(GpuKernelLog(collector.detector)).health_families()
+    return list(collector.collect()) + list(collector.detector.collect()) + local
 
 
 class SnapshotProbe:

@@ -162,7 +162,7 @@ class Slurm:
         self._run("delete", f"reservation={name}")
 
 
-LOCK_NAME = "tracehound_drain_lock"
+LOCK_NAME = "tracehound-drain-lock"
 # the reservation is the lease: slurmctld ends it by itself this many minutes
 # on, so a node that died holding it blocks the others this long at most
 LOCK_MINUTES = 1
