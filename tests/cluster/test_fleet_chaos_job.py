@@ -11,8 +11,8 @@ import subprocess
 import time
 from pathlib import Path
 
-from tests.cluster.test_fleet_chaos import (cluster, fleet_argv, fleet_report,  # noqa: F401
-                                            jobs, poll)
+from tests.cluster.test_fleet_chaos import (_is_node_run, cluster, fleet_argv,  # noqa: F401
+                                            fleet_report, jobs, poll)
 from tests.conftest import tracehound_cmd
 
 # a rank of the user's job: says its pid, then writes and syncs 64 KiB a
@@ -124,19 +124,7 @@ def test_a_killed_launcher_whose_node_runs_live_on_is_recovered_for_real(cluster
                             journal], env=cluster.env(), capture_output=True, text=True,
                            timeout=120)
     assert again.returncode == 0 and "nothing to recover" in again.stdout, again.stdout
-    assert not [p for p in os.listdir("/proc") if p.isdigit() and _node_run_of(p, job.id)]
-
-
-def _node_run_of(pid: str, job_id: str) -> bool:
-    try:
-        with open(f"/proc/{pid}/cmdline", "rb") as f:
-            cmd = f.read().split(b"\0")
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            env = f.read().split(b"\0")
-    except OSError:
-        return False
-    return b"chaos" in cmd and b"run" in cmd and b"--slurm" not in cmd and \
-        f"SLURM_JOB_ID={job_id}".encode() in env
+    assert not [p for p in os.listdir("/proc") if p.isdigit() and _is_node_run(p, job.id)]
 
 
 def plain_argv(experiment: str, tmp_path, *extra: str) -> list[str]:
