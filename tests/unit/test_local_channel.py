@@ -70,7 +70,7 @@ def _connect_as_nobody(channel):
             "os.setgid(65534); os.setuid(65534)\n"
             "s = socket.socket(socket.AF_UNIX); s.connect(sys.argv[1])\n"
             "try:\n    s.sendall(b'GET /health HTTP/1.0\\r\\n\\r\\n'); got = s.recv(100)\n"
-            "except ConnectionResetError:\n    got = b''\n"
+            "except (ConnectionResetError, BrokenPipeError):\n    got = b''\n"
             "print(repr(got))\n")
     out = subprocess.run([sys.executable, "-c", code, channel.path], capture_output=True,
                          text=True, timeout=30)

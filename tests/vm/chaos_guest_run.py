@@ -27,7 +27,7 @@ class ChaosRun:
     """`tracehound chaos run examples/NAME --yes`, with every distinct state
     watch() returns while it is in flight."""
 
-    def __init__(self, name: str, env: dict, watch, timeout: float = 150):
+    def __init__(self, name: str, env: dict, watch, timeout: float = 300):
         self.tmp = tempfile.mkdtemp(prefix="thchaos-")
         self.journal = f"{self.tmp}/journal"
         env = {**os.environ, "CHAOS_HOLD_SECONDS": "1", "CHAOS_DETECT_TIMEOUT": "45",

@@ -10,7 +10,7 @@ from nfs_guest_checks import FILESYSTEMS, MODES, SIZE
 pytestmark = pytest.mark.vm
 
 
-GUEST = scenarios.guest_script("nfs_guest_checks.py", timeout=900, name="nfs", lane="files")
+GUEST = scenarios.guest_script("nfs_guest_checks.py", timeout=1200, name="nfs", lane="files")
 
 
 @pytest.fixture(scope="session")

@@ -37,7 +37,7 @@ def build_misuse_program(results: Path) -> None:
                     str(HERE / "verbs_misuse.c"), "-libverbs"], check=True)
 
 
-GUEST = scenarios.guest_script("rdma_app_checks.py", "{results}/verbs_misuse", timeout=900,
+GUEST = scenarios.guest_script("rdma_app_checks.py", "{results}/verbs_misuse", timeout=1200,
                              name="rdma_app", prepare=build_misuse_program)
 
 
