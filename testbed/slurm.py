@@ -35,6 +35,14 @@ V1_ROOT = "/sys/fs/cgroup"
 PARTITION = "batch"
 MUNGED, SLURMCTLD, SLURMD = "/usr/sbin/munged", "/usr/sbin/slurmctld", "/usr/sbin/slurmd"
 SCONTROL = "/usr/bin/scontrol"
+# Memory is scheduled and enforced (CR_Core_Memory, ConstrainRAMSpace), so
+# `srun --mem` kills for real: slurmd writes the job's allocation into its v1
+# memory cgroup, which CR_Core leaves without a limit. What each simulated
+# node says it has (the nodes share this host's memory; slurmd only checks
+# that the host has at least this much), and what a job that names no --mem
+# gets: room for several jobs and overlapping steps on a node at once.
+NODE_MEMORY_MB = 16384
+DEFAULT_JOB_MEMORY_MB = 2048
 
 
 class ClusterError(RuntimeError):
@@ -169,7 +177,8 @@ class Cluster:
             f"SlurmdLogFile={run}/%n/slurmd.log",
             "ProctrackType=proctrack/cgroup",
             "TaskPlugin=task/cgroup,task/affinity",
-            "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core",
+            "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core_Memory",
+            f"DefMemPerNode={DEFAULT_JOB_MEMORY_MB}",
             "SchedulerType=sched/backfill", "MpiDefault=none",
             "AccountingStorageType=accounting_storage/none", "JobCompType=jobcomp/none",
             # a node back from DOWN (slurmd restarted) serves again by itself
@@ -183,14 +192,16 @@ class Cluster:
         cpus = os.cpu_count() or 1
         for node in self.nodes:
             lines.append(f"NodeName={node} NodeAddr={s['addr_of'][node]} NodeHostname={node} "
-                         f"CPUs={cpus} RealMemory=100 State=UNKNOWN")
+                         f"CPUs={cpus} RealMemory={NODE_MEMORY_MB} State=UNKNOWN")
         lines.append(f"PartitionName={PARTITION} Nodes=ALL Default=YES MaxTime=INFINITE State=UP")
         with open(self.conf, "w") as f:
             f.write("\n".join(lines) + "\n")
         with open(os.path.join(run, "cgroup.conf"), "w") as f:
             # this host is hybrid: only the v1 plugin finds its controllers
             f.write(f"CgroupPlugin=cgroup/v1\nCgroupMountpoint={V1_ROOT}\n"
-                    "ConstrainCores=yes\nConstrainRAMSpace=no\nConstrainDevices=no\n")
+                    # a task past its job's memory is OOM-killed in the job's
+                    # memory cgroup (these hosts have no swap to limit)
+                    "ConstrainCores=yes\nConstrainRAMSpace=yes\nConstrainDevices=no\n")
 
     def _spawn(self, name: str, argv: list[str], log: str) -> None:
         # The pid is journalled with the executable it must be, so a later

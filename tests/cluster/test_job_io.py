@@ -225,3 +225,25 @@ def _a_task_pid(node: str, job_id: str):
         return None
     return pids[0] if pids else None
 
+
+
+GROW = ("import sys\n"
+        "held = []\n"
+        "for _ in range(int(sys.argv[1])):\n"
+        "    held.append(bytearray(1 << 20))\n"
+        "print('grew to', len(held), 'MiB', flush=True)\n")
+
+
+def test_a_task_past_its_srun_mem_is_oom_killed_by_slurm(cluster):
+    node = cluster.nodes[0]
+    # 32 MiB asked for, 200 touched: the job's v1 memory cgroup kills it
+    over = subprocess.run(["srun", f"--nodelist={node}", "-N1", "-n1", "--mem=32M",
+                           sys.executable, "-I", "-c", GROW, "200"], env=cluster.env(),
+                          capture_output=True, text=True, timeout=120)
+    assert over.returncode != 0 and "grew to" not in over.stdout, over.stdout + over.stderr
+    assert "out of memory" in over.stderr.lower(), over.stderr
+    # within its --mem the same task runs to its end
+    under = subprocess.run(["srun", f"--nodelist={node}", "-N1", "-n1", "--mem=256M",
+                            sys.executable, "-I", "-c", GROW, "50"], env=cluster.env(),
+                           capture_output=True, text=True, timeout=120)
+    assert under.returncode == 0 and "grew to 50 MiB" in under.stdout, under.stderr
