@@ -17,6 +17,8 @@ import pytest
 
 from tests.conftest import ROOT, tracehound_cmd
 from tests.kernel.conftest import start_agent, stop_agent
+from tracehound import defaults
+from tracehound.chaos.faults import workload_cgroup
 from tracehound.host.procs import cgroup_v2_path
 
 EXAMPLES = os.path.join(ROOT, "examples")
@@ -108,6 +110,21 @@ def unique(prefix: str) -> str:
     return f"{prefix}{uuid.uuid4().hex[:6]}"
 
 
+# What a plain `tracehound run` counts by: on this hybrid host `auto` keys by
+# the v1 freezer hierarchy, and a cgroup of no workload shares one latency
+# histogram per mount. The examples' workloads must be seen there.
+USERS_DEFAULTS = ("--cgroup-key", "auto", "--latency-histograms", defaults.LATENCY_HISTOGRAMS)
+
+
+@pytest.fixture(scope="module")
+def agent(hook_mode):
+    """An agent with the defaults a user gets (this module's own: the
+    session's agent keys by the v2 tree for the tests that make cgroups there)."""
+    a = start_agent(hook_mode, *USERS_DEFAULTS)
+    yield a
+    stop_agent(a)
+
+
 @pytest.fixture
 def chaos_cgroup(cgroup_root):
     """A cgroup path for the experiment to create; removed even on failure."""
@@ -115,6 +132,11 @@ def chaos_cgroup(cgroup_root):
     yield rel
     from tracehound.chaos.scaffold import stop_workload
     stop_workload(rel, "/var/tmp")
+    for root in workload_cgroup.v1_roots():
+        try:
+            os.rmdir(f"{root}/thtest")      # the parent the scaffolding made there
+        except OSError:
+            pass
     subprocess.run(["rm", "-rf", f"{BLKIO}/tracehound-chaos"], capture_output=True)
 
 
@@ -182,7 +204,8 @@ def test_io_fill(agent, chaos_cgroup):
 @pytest.fixture(scope="module")
 def stall_agent(hook_mode):
     """An agent whose stall rule watches the tests' cgroups and fires after 3 s."""
-    a = start_agent(hook_mode, "--stall-after", "3", "--stall-cgroups", "/thtest/chaos-.*")
+    a = start_agent(hook_mode, *USERS_DEFAULTS, "--stall-after", "3",
+                    "--stall-cgroups", "/thtest/chaos-.*")
     yield a
     stop_agent(a)
 
@@ -232,7 +255,8 @@ def test_proc_stress_io(agent, cgroup_root, chaos_cgroup):
     # no stressor, then stress-ng running in the cgroup, then none again
     assert run.seen == [False, True, False], run.seen
     assert not glob.glob("/var/tmp/.tracehound-chaos-stress-*")
-    assert not os.path.exists(f"{cgroup_root}{chaos_cgroup}")
+    # the cgroup the experiment made, in the v2 tree and the v1 key hierarchies, is gone
+    assert not any(os.path.exists(d) for d in workload_cgroup.dirs(chaos_cgroup))
     assert_detected(run, "tracehound-sees-write-bandwidth")
 
 

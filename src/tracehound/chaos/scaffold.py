@@ -13,14 +13,13 @@ import sys
 import time
 
 from ..host.procs import read_pids
-from .faults.targets import cgroup2_root, cgroup_procs, check_cgroup_path
+from .faults import workload_cgroup
+from .faults.targets import cgroup_procs
 
 
 def _cgroup_path(cgroup: str) -> str:
-    problems = check_cgroup_path(cgroup)
-    if problems:
-        raise ValueError(problems[0])
-    return os.path.join(cgroup2_root(), cgroup.strip("/"))
+    """The workload's v2 directory: what faults and rollbacks read."""
+    return workload_cgroup.v2_dir(cgroup)
 
 
 def _data_file(directory: str, cgroup: str) -> str:
@@ -29,14 +28,14 @@ def _data_file(directory: str, cgroup: str) -> str:
 
 def start_writer(cgroup: str, directory: str, block_size: int = 262144, direct: bool = True,
                  file_bytes: int = 4 << 20, interval: float = 0.01) -> dict:
-    """Start a detached process in a new cgroup that writes block_size bytes
-    every `interval` seconds to one file, truncating it every file_bytes.
-    Returns its pid."""
+    """Start a detached process in a new cgroup (workload_cgroup: where any
+    agent counts it) that writes block_size bytes every `interval` seconds
+    to one file, truncating it every file_bytes. Returns its pid."""
     path = _cgroup_path(cgroup)
-    os.makedirs(path, exist_ok=True)
-    procs = os.path.join(path, "cgroup.procs")
-    argv = [sys.executable, "-m", __name__, "write", procs, _data_file(directory, cgroup),
-            str(block_size), "1" if direct else "0", str(file_bytes), str(interval)]
+    argv = workload_cgroup.join_argv(
+        workload_cgroup.make(cgroup),
+        [sys.executable, "-m", __name__, "write", _data_file(directory, cgroup),
+         str(block_size), "1" if direct else "0", str(file_bytes), str(interval)])
     # Through a shell that exits at once: the writer is re-parented, so no
     # zombie of it is ever left to the chaos run (or confuses a state check).
     subprocess.run(["sh", "-c", '"$@" </dev/null >/dev/null 2>&1 &', "sh", *argv], check=True)
@@ -50,8 +49,9 @@ def start_writer(cgroup: str, directory: str, block_size: int = 262144, direct: 
 
 
 def make_cgroup(cgroup: str) -> dict:
-    """An empty cgroup for a fault to put its processes in."""
-    os.makedirs(_cgroup_path(cgroup), exist_ok=True)
+    """An empty cgroup for a fault to put its processes in (in every
+    hierarchy an agent may key by: workload_cgroup)."""
+    workload_cgroup.make(cgroup)
     return {"cgroup": cgroup}
 
 
@@ -84,6 +84,7 @@ def stop_workload(cgroup: str, directory: str | None = None) -> dict:
         time.sleep(0.05)
     else:
         raise RuntimeError(f"cgroup {cgroup} still busy after killing {sorted(set(killed))}")
+    workload_cgroup.remove(cgroup)
     if directory:
         try:
             os.unlink(_data_file(directory, cgroup))
@@ -92,10 +93,8 @@ def stop_workload(cgroup: str, directory: str | None = None) -> dict:
     return {"killed": sorted(set(killed))}
 
 
-def write_loop(procs: str, path: str, block_size: int, direct: bool, file_bytes: int,
+def write_loop(path: str, block_size: int, direct: bool, file_bytes: int,
                interval: float) -> None:
-    with open(procs, "w") as f:
-        f.write(str(os.getpid()))
     flags = os.O_WRONLY | os.O_CREAT | (os.O_DIRECT if direct else 0)
     fd = os.open(path, flags, 0o600)
     buf = mmap.mmap(-1, block_size)       # page-aligned, as O_DIRECT needs
@@ -157,14 +156,13 @@ def start_tcp_stream(cgroup: str, netns: str, peer_netns: str, address: str,
     `interval` seconds to it, reconnecting as a job would. Both join the
     cgroup before they open a socket, so its sockets carry the cgroup."""
     path = _cgroup_path(cgroup)
-    os.makedirs(path, exist_ok=True)
-    procs = os.path.join(path, "cgroup.procs")
+    procs = workload_cgroup.make(cgroup)
     for ns, argv in ((peer_netns, ["tcp-sink", address, str(port)]),
                      (netns, ["tcp-send", address, str(port), str(chunk), str(interval)])):
         # joins before `ip netns exec`, which mounts a sysfs of the namespace
         # (no cgroup file system under it)
-        cmd = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', procs,
-               "ip", "netns", "exec", ns, sys.executable, "-m", __name__, *argv]
+        cmd = workload_cgroup.join_argv(
+            procs, ["ip", "netns", "exec", ns, sys.executable, "-m", __name__, *argv])
         subprocess.run(["sh", "-c", '"$@" </dev/null >/dev/null 2>&1 &', "sh", *cmd], check=True)
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
@@ -224,8 +222,8 @@ def unmount(path: str) -> dict:
 
 if __name__ == "__main__":
     if sys.argv[1] == "write":
-        procs, path, bs, direct, size, interval = sys.argv[2:8]
-        write_loop(procs, path, int(bs), direct == "1", int(size), float(interval))
+        path, bs, direct, size, interval = sys.argv[2:7]
+        write_loop(path, int(bs), direct == "1", int(size), float(interval))
     elif sys.argv[1] == "tcp-sink":
         tcp_sink(sys.argv[2], int(sys.argv[3]))
     elif sys.argv[1] == "tcp-send":

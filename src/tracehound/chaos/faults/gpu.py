@@ -19,6 +19,7 @@ import time
 
 from . import Arg, Availability, Detection, Fault, FaultError, Prepared, names
 from .proc import MARKER, kill_marked
+from . import workload_cgroup
 from .targets import cgroup_dir
 
 NCCL_MODES = {
@@ -241,14 +242,17 @@ class NcclFault(Fault):
                  if args.get("cgroup") else None)
         return Prepared([" ".join(map(str, args["command"]))],
                         {"argv": [str(x) for x in args["command"]], "env": env, "log": log,
-                         "marker": fault_id, "procs_file": procs})
+                         "marker": fault_id, "procs_file": procs,
+                         "join": (workload_cgroup.existing_procs(args["cgroup"])
+                                  if args.get("cgroup") else [])})
 
     def apply(self, state):
         env = dict(os.environ, **state["env"], **{MARKER: state["marker"]})
         argv = state["argv"]
         if state.get("procs_file"):
-            # joins the cgroup before exec: no process of the job runs outside it
-            argv = ["sh", "-c", 'echo $$ > "$0" && exec "$@"', state["procs_file"], *argv]
+            # joins the cgroup (in each hierarchy an agent may key by) before
+            # exec: no process of the job runs outside it
+            argv = workload_cgroup.join_argv(state.get("join") or [state["procs_file"]], argv)
         with open(state["log"], "ab") as log:
             proc = subprocess.Popen(argv, env=env, start_new_session=True,
                                     stdin=subprocess.DEVNULL, stdout=log, stderr=log)

@@ -11,6 +11,7 @@ import time
 from ...host.procs import cgroup_v2_path
 from . import Arg, Availability, Detection, Fault, FaultError, Prepared, names, target_args
 from . import grown as grown_promql
+from . import workload_cgroup
 from .targets import (all_pids, cgroup_dir, check_target_args, enforce_blast_radius,
                       common_job, resolve_processes, same_process)
 
@@ -203,6 +204,9 @@ class ProcStress(Fault):
             argv += ["--hdd", str(n), "--hdd-bytes", str(args["io_bytes"])]
         return Prepared([f"{n} {kind} worker(s) in cgroup {args['cgroup']}"],
                         {"argv": argv, "procs_file": os.path.join(directory, "cgroup.procs"),
+                         # and the same path in the v1 hierarchies an agent
+                         # may key by, where the experiment made it
+                         "join": workload_cgroup.existing_procs(args["cgroup"]),
                          "marker": fault_id, "workdir": workdir, "kind": kind,
                          "cgroup": args["cgroup"]})
 
@@ -212,8 +216,8 @@ class ProcStress(Fault):
         env = dict(os.environ, **{MARKER: state["marker"]})
         errors = tempfile.TemporaryFile()
         # The shell joins the cgroup before exec, so no stressor ever runs outside it.
-        proc = subprocess.Popen(["sh", "-c", 'echo $$ > "$0" && exec "$@"',
-                                 state["procs_file"], *state["argv"]],
+        proc = subprocess.Popen(workload_cgroup.join_argv(
+                                    state.get("join") or [state["procs_file"]], state["argv"]),
                                 env=env, cwd=state["workdir"] or "/", start_new_session=True,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=errors)
