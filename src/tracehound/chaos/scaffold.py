@@ -4,7 +4,6 @@ of network namespaces joined by a veth, a scratch tmpfs. Each has its
 undo, meant for the experiment's rollbacks."""
 from __future__ import annotations
 
-import errno
 import mmap
 import os
 import signal
@@ -62,18 +61,9 @@ def stop_workload(cgroup: str, directory: str | None = None) -> dict:
     killed = []
     for _ in range(100):
         pids = read_pids(path)
-        if not pids:
-            # Also the way out once the cgroup is gone: rmdir finds nothing.
-            try:
-                os.rmdir(path)
-                break
-            except FileNotFoundError:
-                break
-            except OSError as e:
-                # cgroup.procs empties before the last task is freed; until
-                # then rmdir says EBUSY: wait for it as for the kill
-                if e.errno != errno.EBUSY:
-                    raise
+        # also the way out once the cgroup is gone: rmdir finds nothing
+        if not pids and workload_cgroup.removed(path):
+            break
         for pid in pids:
             for sig in (signal.SIGKILL, signal.SIGCONT):
                 try:

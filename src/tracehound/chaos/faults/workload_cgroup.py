@@ -89,6 +89,21 @@ def join_argv(procs: list[str], argv: list[str]) -> list[str]:
     return ["sh", "-c", _JOIN, str(len(procs)), *procs, *argv]
 
 
+def removed(directory: str) -> bool:
+    """rmdir a cgroup: True once it is gone (or was never there), False
+    while the kernel still says EBUSY: cgroup.procs empties a moment before
+    its last task is freed."""
+    try:
+        os.rmdir(directory)
+    except FileNotFoundError:
+        pass
+    except OSError as exc:
+        if exc.errno != errno.EBUSY:
+            raise
+        return False
+    return True
+
+
 def remove(cgroup: str, tries: int = 100) -> None:
     """rmdir the path in each v1 key hierarchy (the v2 one is the caller's,
     emptied first). A v1 cgroup that still holds a process is left, and said."""
@@ -96,15 +111,8 @@ def remove(cgroup: str, tries: int = 100) -> None:
     for root in v1_roots():
         directory = os.path.join(root, rel)
         for _ in range(tries):
-            try:
-                os.rmdir(directory)
+            if removed(directory):
                 break
-            except FileNotFoundError:
-                break
-            except OSError as exc:
-                # its last task is freed a moment after cgroup.procs empties
-                if exc.errno != errno.EBUSY:
-                    raise
-                time.sleep(0.05)
+            time.sleep(0.05)
         else:
             raise RuntimeError(f"cgroup {cgroup} in {root} still busy")
