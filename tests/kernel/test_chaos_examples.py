@@ -129,14 +129,25 @@ def agent(hook_mode):
 def chaos_cgroup(cgroup_root):
     """A cgroup path for the experiment to create; removed even on failure."""
     rel = f"/thtest/{unique('chaos-')}"
+    # the tests' parent in the v1 hierarchies too, as a job's would be there:
+    # the scaffolding makes its leaf where the parent exists
+    made = []
+    for root in workload_cgroup.v1_roots():
+        if not os.path.isdir(f"{root}/thtest"):
+            os.mkdir(f"{root}/thtest")
+            made.append(f"{root}/thtest")
+            for name in ("cpuset.cpus", "cpuset.mems"):
+                if os.path.exists(f"{root}/thtest/{name}"):
+                    with open(f"{root}/{name}") as src, open(f"{root}/thtest/{name}", "w") as dst:
+                        dst.write(src.read().strip())
     yield rel
     from tracehound.chaos.scaffold import stop_workload
     stop_workload(rel, "/var/tmp")
-    for root in workload_cgroup.v1_roots():
+    for directory in made:
         try:
-            os.rmdir(f"{root}/thtest")      # the parent the scaffolding made there
+            os.rmdir(directory)
         except OSError:
-            pass
+            pass        # another test's cgroup still in it: the last one removes it
     subprocess.run(["rm", "-rf", f"{BLKIO}/tracehound-chaos"], capture_output=True)
 
 

@@ -51,20 +51,24 @@ def dirs(cgroup: str) -> list[str]:
 
 
 def make(cgroup: str) -> list[str]:
-    """Make the path in every hierarchy; returns the cgroup.procs files to join."""
-    procs = []
-    for directory in dirs(cgroup):
-        _make_v1_ready(directory)
-        procs.append(os.path.join(directory, "cgroup.procs"))
+    """Make the path in the v2 tree (parents too) and, where its parent is
+    there already, in each v1 key hierarchy: the rollback removes the leaf
+    alone, so nothing is made in v1 that it would leave behind. Returns the
+    cgroup.procs files to join."""
+    v2, *v1 = dirs(cgroup)
+    os.makedirs(v2, exist_ok=True)
+    procs = [os.path.join(v2, "cgroup.procs")]
+    for directory in v1:
+        if os.path.isdir(os.path.dirname(directory)):
+            _make_v1_leaf(directory)
+            procs.append(os.path.join(directory, "cgroup.procs"))
     return procs
 
 
-def _make_v1_ready(directory: str) -> None:
-    """mkdir -p; in a v1 cpuset hierarchy a new cpuset has no CPUs and no
+def _make_v1_leaf(directory: str) -> None:
+    """mkdir; in a v1 cpuset hierarchy a new cpuset has no CPUs and no
     memory nodes (no task may join it) until given its parent's."""
     parent = os.path.dirname(directory)
-    if not os.path.isdir(parent):
-        _make_v1_ready(parent)
     try:
         os.mkdir(directory)
     except FileExistsError:
