@@ -19,7 +19,7 @@ FOREIGN = {
     "pip": {"--no-build-isolation", "--no-deps"},
     "nsenter": {"--net"},
     "systemctl": {"--now"},
-    "srun, scancel": {"--jobid", "--overlap", "--exclusive", "--signal"},
+    "srun, scancel": {"--jobid", "--overlap", "--exclusive", "--signal", "--mem"},
     "slurm's configure": {"--enable-multiple-slurmd"},
     "dcgmi": {"--inject"},
 }

@@ -23,3 +23,16 @@ def test_a_hierarchy_it_cannot_join_runs_nothing(tmp_path):
     argv = workload_cgroup.join_argv(procs, ["touch", str(marker)])
     out = subprocess.run(argv, capture_output=True, text=True, timeout=30)
     assert out.returncode == 125 and not marker.exists()
+
+
+def test_a_hierarchy_where_the_experiment_was_placed_is_left_alone(tmp_path, monkeypatch):
+    # inside a Slurm step: freezer and memory are the job's, cpuset is at its root
+    proc = tmp_path / "cgroup"
+    proc.write_text("6:freezer:/slurm_n1/uid_0/job_7/step_0\n4:memory:/slurm_n1/uid_0/job_7\n"
+                    "3:cpuset:/\n0::/\n")
+    monkeypatch.setattr(workload_cgroup, "_v1_hierarchies", lambda: {
+        "freezer": "/sys/fs/cgroup/freezer", "memory": "/sys/fs/cgroup/memory",
+        "cpuset": "/sys/fs/cgroup/cpuset"})
+    assert workload_cgroup._unplaced_v1_roots(str(proc)) == ["/sys/fs/cgroup/cpuset"]
+    # unreadable: no v1 hierarchy is touched
+    assert workload_cgroup._unplaced_v1_roots(str(tmp_path / "missing")) == []

@@ -9,6 +9,11 @@ So the scaffolding makes the same path in the v2 tree and in every v1
 hierarchy an agent may key by, and its processes join all of them before
 they run: the cgroup label is the same whichever key the agent uses.
 
+A v1 hierarchy where the experiment itself already sits below the root is
+left alone: there someone placed it (a Slurm step's freezer, cpuset and
+memory cgroups, a systemd slice), the agent counts the workload under that
+job, and moving it out would take it from the job and its limits.
+
 The v2 directory stays the one faults and rollbacks read (cgroup.procs,
 io.max); the v1 ones hold the same processes and are removed with it.
 """
@@ -36,8 +41,28 @@ def _relative(cgroup: str) -> str:
 
 def v1_roots() -> list[str]:
     """Mount points of the v1 hierarchies an agent may key by (none on a v2 host)."""
+    return sorted(set(_v1_hierarchies().values()))
+
+
+def _v1_hierarchies() -> dict[str, str]:
     from ...host.mounts import MountTable
-    return sorted(set(v1_hierarchies(MountTable()).values()))
+    return v1_hierarchies(MountTable())
+
+
+def _unplaced_v1_roots(proc_cgroup: str = "/proc/self/cgroup") -> list[str]:
+    """The v1 key hierarchies where this process sits at the root: those a
+    workload it starts may be given a cgroup in (see the module doc)."""
+    placed = set()
+    try:
+        with open(proc_cgroup) as f:
+            for line in f.read(65536).splitlines():
+                _, controllers, path = line.split(":", 2)
+                if path != "/":
+                    placed.update(controllers.split(","))
+    except (OSError, ValueError):
+        return []           # unknown: leave every v1 hierarchy alone
+    return sorted({root for controller, root in _v1_hierarchies().items()
+                   if controller not in placed})
 
 
 def v2_dir(cgroup: str) -> str:
@@ -51,14 +76,15 @@ def dirs(cgroup: str) -> list[str]:
 
 
 def make(cgroup: str) -> list[str]:
-    """Make the path in the v2 tree (parents too) and, where its parent is
-    there already, in each v1 key hierarchy: the rollback removes the leaf
-    alone, so nothing is made in v1 that it would leave behind. Returns the
-    cgroup.procs files to join."""
-    v2, *v1 = dirs(cgroup)
+    """Make the path in the v2 tree (parents too) and in each v1 key
+    hierarchy where this process sits at the root and the path's parent is
+    there already (the rollback removes the leaf alone, so nothing is made
+    in v1 that it would leave behind). Returns the cgroup.procs files to join."""
+    rel = _relative(cgroup)
+    v2 = v2_dir(cgroup)
     os.makedirs(v2, exist_ok=True)
     procs = [os.path.join(v2, "cgroup.procs")]
-    for directory in v1:
+    for directory in (os.path.join(root, rel) for root in _unplaced_v1_roots()):
         if os.path.isdir(os.path.dirname(directory)):
             _make_v1_leaf(directory)
             procs.append(os.path.join(directory, "cgroup.procs"))
