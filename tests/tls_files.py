@@ -30,6 +30,17 @@ class TLSFiles:
             yaml.safe_dump(config, f)
         return path
 
+    def tls_with_password(self, cert: str, user: str) -> tuple[str, str]:
+        """An agent's web config serving TLS with CERT.crt/.key and basic
+        authentication for `user`, and the file that holds its password."""
+        config = self.web_config("web-config.yml", {
+            "tls_server_config": {"cert_file": f"{cert}.crt", "key_file": f"{cert}.key"},
+            "basic_auth_users": {user: HASH}})
+        password = self.path("password")
+        with open(password, "w") as f:
+            f.write(PASSWORD)
+        return config, password
+
 
 def _openssl(directory: str, *args: str) -> None:
     subprocess.run(["openssl", *args], cwd=directory, check=True, capture_output=True,

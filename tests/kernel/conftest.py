@@ -16,6 +16,7 @@ import uuid
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
+from tracehound import defaults
 from tracehound.host.mounts import MountTable
 
 from testbed.cgroups import exec_in_cgroup, remove_cgroup  # noqa: F401  (tests import them here)
@@ -74,6 +75,13 @@ class Agent:
         return out
 
 
+# What a plain `tracehound run` counts by, which start_agent's own choices
+# replace unless given: on this hybrid host `auto` keys by the v1 freezer
+# hierarchy, and a cgroup of no workload shares one latency histogram per
+# mount. The examples' workloads must be seen there.
+USERS_DEFAULTS = ("--cgroup-key", "auto", "--latency-histograms", defaults.LATENCY_HISTOGRAMS)
+
+
 def start_agent(hook_mode: str, *extra: str, wrapper: tuple[str, ...] = (),
                 cmd: tuple[str, ...] = ()) -> Agent:
     """An agent of this environment's tracehound (or `cmd`), under `wrapper`."""
@@ -102,7 +110,7 @@ def start_agent(hook_mode: str, *extra: str, wrapper: tuple[str, ...] = (),
             break
         lines.append(line)
         # up to /metrics: another thread's log line may follow on the same line
-        m = re.search(r"serving metrics on (http://\S+?/metrics)", line)
+        m = re.search(r"serving metrics on (https?://\S+?/metrics)", line)
         if m:
             # the mode lines follow; wait until all probes are reported
             url = m.group(1)

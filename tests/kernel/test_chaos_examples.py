@@ -16,8 +16,7 @@ from dataclasses import dataclass
 import pytest
 
 from tests.conftest import ROOT, tracehound_cmd
-from tests.kernel.conftest import start_agent, stop_agent
-from tracehound import defaults
+from tests.kernel.conftest import USERS_DEFAULTS, start_agent, stop_agent
 from tracehound.chaos.faults import workload_cgroup
 from tracehound.host.procs import cgroup_v2_path
 
@@ -110,12 +109,6 @@ def unique(prefix: str) -> str:
     return f"{prefix}{uuid.uuid4().hex[:6]}"
 
 
-# What a plain `tracehound run` counts by: on this hybrid host `auto` keys by
-# the v1 freezer hierarchy, and a cgroup of no workload shares one latency
-# histogram per mount. The examples' workloads must be seen there.
-USERS_DEFAULTS = ("--cgroup-key", "auto", "--latency-histograms", defaults.LATENCY_HISTOGRAMS)
-
-
 @pytest.fixture(scope="module")
 def agent(hook_mode):
     """An agent with the defaults a user gets (this module's own: the
@@ -134,12 +127,8 @@ def chaos_cgroup(cgroup_root):
     made = []
     for root in workload_cgroup.v1_roots():
         if not os.path.isdir(f"{root}/thtest"):
-            os.mkdir(f"{root}/thtest")
+            workload_cgroup.make_v1_dir(f"{root}/thtest")
             made.append(f"{root}/thtest")
-            for name in ("cpuset.cpus", "cpuset.mems"):
-                if os.path.exists(f"{root}/thtest/{name}"):
-                    with open(f"{root}/{name}") as src, open(f"{root}/thtest/{name}", "w") as dst:
-                        dst.write(src.read().strip())
     yield rel
     from tracehound.chaos.scaffold import stop_workload
     stop_workload(rel, "/var/tmp")

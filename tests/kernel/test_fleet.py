@@ -79,12 +79,7 @@ def web_config(tmp: str) -> tuple[str, tls_files.TLSFiles, str]:
     tls = tls_files.make(tmp)
     tls_files.signed(tmp, "fleet", "/CN=tracehound",
                      "subjectAltName=DNS:tracehound\nextendedKeyUsage=serverAuth\n")
-    config = tls.web_config("web-config.yml", {
-        "tls_server_config": {"cert_file": "fleet.crt", "key_file": "fleet.key"},
-        "basic_auth_users": {"prometheus": tls_files.HASH}})
-    password = tls.path("password")
-    with open(password, "w") as f:
-        f.write(tls_files.PASSWORD)
+    config, password = tls.tls_with_password("fleet", "prometheus")
     return config, tls, password
 
 

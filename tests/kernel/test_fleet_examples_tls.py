@@ -7,16 +7,14 @@ CA the same run fails its steady state: the probe really went through TLS."""
 import glob
 import json
 import os
-import re
 import subprocess
 import tempfile
-import time
 
 import pytest
 
-from testbed.agents import stop
 from tests import tls_files
 from tests.conftest import ROOT, tracehound_cmd
+from tests.kernel.conftest import USERS_DEFAULTS, start_agent, stop_agent
 
 EXAMPLE = os.path.join(ROOT, "examples", "fleet", "proc-kill.yaml")
 
@@ -25,36 +23,12 @@ EXAMPLE = os.path.join(ROOT, "examples", "fleet", "proc-kill.yaml")
 def tls_agent(hook_mode):
     tmp = tempfile.mkdtemp(prefix="thtest-fleet-tls-")
     tls = tls_files.make(tmp)
-    config = tls.web_config("web-config.yml", {
-        "tls_server_config": {"cert_file": "server.crt", "key_file": "server.key"},
-        "basic_auth_users": {"operator": tls_files.HASH}})
-    password = tls.path("password")
-    with open(password, "w") as f:
-        f.write(tls_files.PASSWORD)
-    log = os.path.join(tmp, "agent.log")
-    with open(log, "w") as out:
-        proc = subprocess.Popen([*tracehound_cmd(), "run", "--listen", "127.0.0.1:0",
-                                 "--hook-mode", hook_mode, "--web.config.file", config,
-                                 "--instance", f"thtest-tls-{os.getpid()}"],
-                                stdout=out, stderr=subprocess.STDOUT)
-    url = None
-    deadline = time.monotonic() + 120
-    while url is None and time.monotonic() < deadline and proc.poll() is None:
-        with open(log) as f:
-            text = f.read()
-        found = re.search(r"serving metrics on (https://\S+?/metrics)", text)
-        # the probes' mode lines follow the URL: the agent is up once they are there
-        if found and "io.rename" in text:
-            url = found.group(1)
-        time.sleep(0.2)
-    if url is None:
-        stop(proc)
-        with open(log) as f:
-            pytest.fail(f"the TLS agent did not start:\n{f.read()[-3000:]}")
-    env = {"TRACEHOUND_METRICS_URL": url, "TRACEHOUND_CA_FILE": tls.ca,
+    config, password = tls.tls_with_password("server", "operator")
+    agent = start_agent(hook_mode, *USERS_DEFAULTS, "--web.config.file", config)
+    assert agent.url.startswith("https://"), agent.url
+    yield {"TRACEHOUND_METRICS_URL": agent.url, "TRACEHOUND_CA_FILE": tls.ca,
            "TRACEHOUND_USERNAME": "operator", "TRACEHOUND_PASSWORD_FILE": password}
-    yield env
-    stop(proc)
+    stop_agent(agent)
     subprocess.run(["rm", "-rf", tmp])
 
 
@@ -68,8 +42,10 @@ def run_fleet_example(env: dict) -> tuple[subprocess.CompletedProcess, dict]:
             | {"SLURM_JOB_ID": f"tls{os.getpid()}", **env},
             capture_output=True, text=True, timeout=180)
         reports = glob.glob(f"{tmp}/report/*-journal.json")
-        record = json.load(open(reports[0])) if reports else {}
-        return done, record
+        if not reports:
+            return done, {}
+        with open(reports[0]) as f:
+            return done, json.load(f)
     finally:
         subprocess.run(["rm", "-rf", tmp])
 

@@ -238,21 +238,21 @@ class NcclFault(Fault):
                                              (args.get("env") or {}).items()}}
         log = args.get("log") or os.path.join(tempfile.gettempdir(),
                                               f"tracehound-chaos-{fault_id}.log")
-        procs = (os.path.join(cgroup_dir(args["cgroup"]), "cgroup.procs")
-                 if args.get("cgroup") else None)
+        join = []
+        if args.get("cgroup"):
+            cgroup_dir(args["cgroup"])     # it exists, or the fault is refused here
+            join = workload_cgroup.existing_procs(args["cgroup"])
         return Prepared([" ".join(map(str, args["command"]))],
                         {"argv": [str(x) for x in args["command"]], "env": env, "log": log,
-                         "marker": fault_id, "procs_file": procs,
-                         "join": (workload_cgroup.existing_procs(args["cgroup"])
-                                  if args.get("cgroup") else [])})
+                         "marker": fault_id, "join": join})
 
     def apply(self, state):
         env = dict(os.environ, **state["env"], **{MARKER: state["marker"]})
         argv = state["argv"]
-        if state.get("procs_file"):
+        if state["join"]:
             # joins the cgroup (in each hierarchy an agent may key by) before
             # exec: no process of the job runs outside it
-            argv = workload_cgroup.join_argv(state.get("join") or [state["procs_file"]], argv)
+            argv = workload_cgroup.join_argv(state["join"], argv)
         with open(state["log"], "ab") as log:
             proc = subprocess.Popen(argv, env=env, start_new_session=True,
                                     stdin=subprocess.DEVNULL, stdout=log, stderr=log)

@@ -184,7 +184,7 @@ class ProcStress(Fault):
     def prepare(self, args, fault_id):
         if not shutil.which("stress-ng"):
             raise FaultError("stress-ng is not installed (apt-get install stress-ng)")
-        directory = cgroup_dir(args["cgroup"])
+        cgroup_dir(args["cgroup"])         # it exists, or the fault is refused here
         n, kind = args["workers"], args["kind"]
         # stress-ng refuses to start without a writable directory of its own
         # (the current one by default: "/" may be read-only)
@@ -203,10 +203,9 @@ class ProcStress(Fault):
             argv[argv.index("--temp-path") + 1] = workdir
             argv += ["--hdd", str(n), "--hdd-bytes", str(args["io_bytes"])]
         return Prepared([f"{n} {kind} worker(s) in cgroup {args['cgroup']}"],
-                        {"argv": argv, "procs_file": os.path.join(directory, "cgroup.procs"),
-                         # and the same path in the v1 hierarchies an agent
-                         # may key by, where the experiment made it
-                         "join": workload_cgroup.existing_procs(args["cgroup"]),
+                        # its cgroup.procs, and the same path's in the v1
+                        # hierarchies an agent may key by, where the experiment made it
+                        {"argv": argv, "join": workload_cgroup.existing_procs(args["cgroup"]),
                          "marker": fault_id, "workdir": workdir, "kind": kind,
                          "cgroup": args["cgroup"]})
 
@@ -216,8 +215,7 @@ class ProcStress(Fault):
         env = dict(os.environ, **{MARKER: state["marker"]})
         errors = tempfile.TemporaryFile()
         # The shell joins the cgroup before exec, so no stressor ever runs outside it.
-        proc = subprocess.Popen(workload_cgroup.join_argv(
-                                    state.get("join") or [state["procs_file"]], state["argv"]),
+        proc = subprocess.Popen(workload_cgroup.join_argv(state["join"], state["argv"]),
                                 env=env, cwd=state["workdir"] or "/", start_new_session=True,
                                 stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
                                 stderr=errors)

@@ -72,7 +72,7 @@ def v2_dir(cgroup: str) -> str:
 def dirs(cgroup: str) -> list[str]:
     """The cgroup's directory in the v2 tree, then in each v1 key hierarchy."""
     rel = _relative(cgroup)
-    return [v2_dir(cgroup)] + [os.path.join(root, rel) for root in v1_roots()]
+    return [os.path.join(root, rel) for root in (cgroup2_root(), *v1_roots())]
 
 
 def make(cgroup: str) -> list[str]:
@@ -81,17 +81,17 @@ def make(cgroup: str) -> list[str]:
     there already (the rollback removes the leaf alone, so nothing is made
     in v1 that it would leave behind). Returns the cgroup.procs files to join."""
     rel = _relative(cgroup)
-    v2 = v2_dir(cgroup)
+    v2 = os.path.join(cgroup2_root(), rel)
     os.makedirs(v2, exist_ok=True)
     procs = [os.path.join(v2, "cgroup.procs")]
     for directory in (os.path.join(root, rel) for root in _unplaced_v1_roots()):
         if os.path.isdir(os.path.dirname(directory)):
-            _make_v1_leaf(directory)
+            make_v1_dir(directory)
             procs.append(os.path.join(directory, "cgroup.procs"))
     return procs
 
 
-def _make_v1_leaf(directory: str) -> None:
+def make_v1_dir(directory: str) -> None:
     """mkdir; in a v1 cpuset hierarchy a new cpuset has no CPUs and no
     memory nodes (no task may join it) until given its parent's."""
     parent = os.path.dirname(directory)
