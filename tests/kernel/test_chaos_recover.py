@@ -23,7 +23,8 @@ def snapshot(s: dict) -> dict:
     return {
         "blkio": blkio_tree(),
         "writer blkio cgroup": blkio_path(s["writer"]),
-        "sleeper state": state_of(s["sleeper"]),
+        # stopped or not: a process just started may be running, not yet asleep
+        "sleeper stopped": state_of(s["sleeper"]) == "T",
         "sleeper memlock": next(ln for ln in read(f"/proc/{s['sleeper']}/limits").splitlines()
                                 if ln.startswith("Max locked memory")),
         "qdiscs": in_netns(s["ns_a"], "tc", "qdisc", "show", "dev", s["if_a"]),
@@ -104,11 +105,11 @@ def test_sigkill_mid_fault_then_recover_restores_everything():
         proc.kill()
         proc.wait(timeout=10)
         after_kill = snapshot(s)
-        for key in ("blkio", "writer blkio cgroup", "sleeper state", "sleeper memlock",
+        for key in ("blkio", "writer blkio cgroup", "sleeper stopped", "sleeper memlock",
                     "qdiscs", "egress filters", "peer link up", "scratch files"):
             assert during[key] != before[key], key            # each fault was real
             assert after_kill[key] == during[key], key        # and outlived the run
-        assert during["sleeper state"] == "T" and not during["peer link up"]
+        assert during["sleeper stopped"] and not during["peer link up"]
 
         out = subprocess.run(tracehound_cmd() + ["chaos", "recover", "--journal", journal],
                              capture_output=True, text=True, timeout=60)

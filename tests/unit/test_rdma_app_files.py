@@ -17,7 +17,8 @@ from tests import crafted_elf
 from tracehound.host import rooted_open
 from tracehound.host.rooted_open import RootedOpenError, open_regular
 from tracehound.probes import rdma_app
-from tracehound.probes.elf_exports import ElfLimits, ElfRefused, default_function_offsets
+from tracehound.probes.elf_exports import (ElfLimits, ElfOverBudget, ElfRefused,
+                                           default_function_offsets)
 from tracehound.probes.rdma_app import VERBS, Attachments, Candidate
 
 REAL = crafted_elf.REAL_LIBIBVERBS
@@ -221,7 +222,40 @@ def test_the_scan_stops_at_its_budget(root):
     # two looks fit in the budget: the clock reads 0 (start), 1, 2, then 3 > 2
     added = app.attach(Obj(), found, budget_s=2, clock=lambda: next(ticks))
     assert len(added) == 2 and app.refusals == 0
+    assert len(app.unsettled) == 1 and app.unsettled < found         # left for a later look
     assert len(app.attach(Obj(), found)) == 1                        # the next scan goes on
+    assert app.unsettled == set()
+
+
+def test_a_parse_over_its_budget_is_tried_again_with_twice_the_budget(root, monkeypatch):
+    budgets, real_parse = [], rdma_app.default_function_offsets
+
+    def slow_once(data, verbs, limits):
+        budgets.append(limits.budget_s)
+        if len(budgets) == 1:            # as on a CPU too busy for the first budget
+            raise ElfOverBudget(f"not parsed within {limits.budget_s:g} s of CPU time")
+        return real_parse(data, verbs, limits)
+
+    monkeypatch.setattr(rdma_app, "default_function_offsets", slow_once)
+    good = candidate(root, "/lib/libibverbs.so.1")
+    app = Attachments()
+    assert app.attach(Obj(), {good}) == [] and app.unsettled == {good} and app.refusals == 0
+    assert app.attach(Obj(), {good}) == [good.name] and app.unsettled == set()
+    assert budgets == [rdma_app.ELF_LIMITS.budget_s, 2 * rdma_app.ELF_LIMITS.budget_s]
+    assert app.over_budget == {}
+
+
+def test_a_parse_over_every_budget_is_refused_after_its_tries(root, monkeypatch):
+    monkeypatch.setattr(rdma_app, "ELF_LIMITS", ElfLimits(budget_s=1e-9))   # no parse fits
+    good = candidate(root, "/lib/libibverbs.so.1")
+    app = Attachments()
+    for _ in range(rdma_app.PARSE_TRIES - 1):
+        assert app.attach(Obj(), {good}) == [] and app.unsettled == {good}
+    assert app.refusals == 0
+    assert app.attach(Obj(), {good}) == [] and app.unsettled == set()
+    assert list(app.refused.values()) == [
+        f"{good.name}: not parsed within 3 budgets of CPU time (the last 4e-09 s)"]
+    assert app.over_budget == {}
 
 
 def test_the_number_of_libraries_is_bounded(root, monkeypatch):

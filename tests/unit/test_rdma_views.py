@@ -4,6 +4,7 @@ import os
 
 from tracehound.detect import rdma as d
 from tracehound.detect.rdma_views import compare
+from tracehound.probes.rdma_app import Candidate
 from tracehound.probes.rdma_maps import (OBJ_F_SEEDED, OBJ_F_USER, AppObject, MirrorObject,
                                          RdmaSnapshot, app_key)
 
@@ -129,6 +130,7 @@ class AppProbe:
     def __init__(self, snaps):
         self.snaps = snaps
         self.forgotten, self.asked = [], []
+        self.unsettled = set()           # what the last attach left for later
         self.app_since_ns = SINCE
 
     def snapshot(self, objects=True):
@@ -143,6 +145,9 @@ class AppProbe:
     def attach_libraries(self, paths):
         self.asked.append(paths)
         return []
+
+    def app_unsettled(self):
+        return self.unsettled
 
 
 def test_the_watcher_drops_records_of_closed_contexts_and_of_processes_gone_for_the_grace():
@@ -169,3 +174,21 @@ def test_the_watcher_looks_for_the_library_of_a_process_it_never_saw_open():
     w.run_once(now=0)
     w.run_once(now=2)
     assert len(probe.asked) == 1                                   # once per process
+
+
+def test_the_watcher_looks_again_at_a_process_whose_library_was_left_for_later(monkeypatch):
+    apps, kernel = healthy()
+    kernel.append(kern("qp", 40, tgid=os.getpid()))
+    probe = AppProbe([snap(apps, kernel)])
+    det, _ = detector()
+    w = d.RdmaWatcher(probe, det, kernel_view=lambda: probe.snapshot().object_counts())
+    own = Candidate(f"/proc/{os.getpid()}/root", b"/opt/lib/libibverbs.so.1", 1, 2)
+    monkeypatch.setattr(d, "mapped_by", lambda pid: {own} if pid == os.getpid() else set())
+    probe.unsettled = {own}                                        # e.g. its parse over budget
+    w.run_once(now=0)
+    w.run_once(now=2)
+    assert probe.asked == [{own}, {own}]
+    probe.unsettled = set()                                        # attached, or refused
+    w.run_once(now=4)
+    w.run_once(now=6)
+    assert probe.asked == [{own}] * 3

@@ -326,15 +326,18 @@ class RdmaWatcher:
         # a process with kernel objects the application view never saw may
         # map a libibverbs of its own (a container's): attach to it too, in
         # one call, so one time budget bounds the look at all of them
-        found, looked = set(), False
+        mapped: dict[int, set] = {}
         for o in snap.objects:
             if o.user and o.tgid not in cmp.covered and o.tgid not in self._looked_at \
                     and o.created_ns >= self.probe.app_since_ns:
                 self._looked_at.add(o.tgid)
-                found |= mapped_by(o.tgid)
-                looked = True
-        if looked:
-            self.probe.attach_libraries(found)
+                mapped[o.tgid] = mapped_by(o.tgid)
+        if mapped:
+            self.probe.attach_libraries(set().union(*mapped.values()))
+            # a file left for later (the scan's budget spent, a parse over its
+            # own) is looked at again on the next turn, through its process
+            later = self.probe.app_unsettled()
+            self._looked_at -= {tgid for tgid, libs in mapped.items() if libs & later}
         self._looked_at &= {o.tgid for o in snap.objects}
 
     def run_once(self, now: float) -> None:

@@ -25,6 +25,11 @@ class ElfRefused(Exception):
     """The bytes are not a library whose exports can be read, and why."""
 
 
+class ElfOverBudget(ElfRefused):
+    """The walk used up its time budget before it ended: crafted bytes, or a
+    genuine library on a CPU too slow or too busy for this budget."""
+
+
 @dataclass(frozen=True)
 class ElfLimits:
     # a libibverbs is ~130 KB with ~35 sections, ~10 segments, ~250 dynamic
@@ -47,14 +52,18 @@ class _Budget:
 
     def check(self) -> None:
         if self.clock() > self.end:
-            raise ElfRefused(f"not parsed within {self.seconds:g} s")
+            raise ElfOverBudget(f"not parsed within {self.seconds:g} s of CPU time")
 
 
 def default_function_offsets(data: bytes, wanted, limits: ElfLimits = LIMITS,
-                             clock=time.monotonic) -> dict[str, int]:
+                             clock=time.thread_time) -> dict[str, int]:
     """name -> file offset of the default-version definition of each function
     of `wanted` that `data` (a whole ELF file) defines. Raises ElfRefused, and
-    nothing else, for bytes that cannot be read within `limits`."""
+    nothing else, for bytes that cannot be read within `limits`.
+
+    The budget counts this thread's CPU time: the work the bytes cost, not
+    the time spent waiting for the interpreter lock or a busy CPU, which on
+    a loaded node can be many times a genuine library's few milliseconds."""
     try:
         return _offsets(data, {w.encode(): w for w in wanted}, limits,
                         _Budget(limits.budget_s, clock))

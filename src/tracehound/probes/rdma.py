@@ -287,6 +287,10 @@ class RdmaProbe(OptionalProbe):
             self.app_reason = None
         return added
 
+    def app_unsettled(self) -> set:
+        """Candidates of the last attach_libraries left for a later look."""
+        return self.app.unsettled
+
     def app_libraries(self) -> list[str]:
         return sorted(lib.path for lib in self.app.libraries.values())
 

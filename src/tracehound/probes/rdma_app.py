@@ -26,11 +26,11 @@ import re
 import subprocess
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..errors import TracehoundError
 from ..host.rooted_open import OVERLAYFS, RootedOpenError, fs_type, open_regular
-from .elf_exports import LIMITS as ELF_LIMITS, ElfRefused, default_function_offsets
+from .elf_exports import LIMITS as ELF_LIMITS, ElfOverBudget, ElfRefused, default_function_offsets
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +49,7 @@ MAX_LIBRARIES = 32               # distinct files; each costs 30 uprobes
 MAX_REFUSALS_KEPT = 1024         # beyond, a refusal is counted and may be tried again
 SCAN_BUDGET_S = 5.0              # one scan's wall-clock time; what is left waits for the next
 OPEN_TIMEOUT_S = 2.0             # opening and reading one file (a local file takes milliseconds)
+PARSE_TRIES = 3                  # parses of one file over its CPU budget, each with twice the last
 
 
 @dataclass(frozen=True)
@@ -80,11 +81,17 @@ class LibraryError(Exception):
     pass
 
 
-def file_offsets(data: bytes, name: str, verbs=VERBS) -> dict[str, int]:
+class ParseOverBudget(LibraryError):
+    """The file's parse ran out of its CPU budget: maybe tried again."""
+
+
+def file_offsets(data: bytes, name: str, verbs=VERBS, limits=ELF_LIMITS) -> dict[str, int]:
     """verb -> file offset of its default-version definition in `data`, the
     bytes of the file called `name`."""
     try:
-        found = default_function_offsets(data, verbs)
+        found = default_function_offsets(data, verbs, limits)
+    except ElfOverBudget as exc:
+        raise ParseOverBudget(f"cannot read {name}: {exc}") from None
     except ElfRefused as exc:
         raise LibraryError(f"cannot read {name}: {exc}") from None
     missing = set(verbs) - set(found) - OPTIONAL_VERBS
@@ -262,32 +269,47 @@ class Attachments:
     """The libibverbs files the application probe is attached to, one set of
     uprobes per inode whatever path names it, and those that were refused.
     A file that cannot be used is refused with its reason and counted, never
-    raised: the next one is still looked at."""
+    raised: the next one is still looked at. A file whose parse ran out of
+    its CPU budget is not refused at once: it is left for a later look, with
+    twice the budget, PARSE_TRIES times in all (a genuine library on a CPU
+    that slow or that busy is still attached; crafted bytes cost a bounded
+    sum)."""
 
     def __init__(self):
         self.libraries: dict[tuple[int, int], Library] = {}
         self.refused: dict[tuple, str] = {}     # candidate or (dev, ino) -> why
         self.refusals = 0
         self.since_ns = 0            # CLOCK_MONOTONIC of the first attach
+        self.over_budget: dict[tuple[int, int], int] = {}   # (dev, ino) -> parses over budget
+        # of the last attach: candidates neither attached nor refused, for a later look
+        self.unsettled: set[Candidate] = set()
         self._opener = BoundedOpener(OPEN_TIMEOUT_S)
 
     def attach(self, obj, found, budget_s: float = SCAN_BUDGET_S,
                clock=time.monotonic) -> list[str]:
         """Attach `obj`'s up_/ur_ programs to each new library of `found`
-        (Candidates), for at most `budget_s`; returns the names attached now."""
+        (Candidates), for at most `budget_s`; returns the names attached now.
+        Those left for a later look are in self.unsettled."""
         added = []
+        self.unsettled = set()
         end = clock() + budget_s
         # the host's own first, then in a stable order
         todo = sorted(found, key=lambda c: (c.root != "/", c.root, c.path))
         for n, cand in enumerate(todo):
-            if clock() > end:
-                log.warning("rdma probe: %d libibverbs files left for a later look: the scan "
-                            "took more than %g s", len(todo) - n, budget_s)
-                break
             if (cand.dev, cand.ino) in self.libraries or cand in self.refused:
                 continue
+            if clock() > end:
+                self.unsettled.update(c for c in todo[n:] if (c.dev, c.ino) not in self.libraries
+                                      and c not in self.refused)
+                log.warning("rdma probe: %d libibverbs files left for a later look: the scan "
+                            "took more than %g s", len(self.unsettled), budget_s)
+                break
             try:
                 lib = self._attach_one(obj, cand)
+            except ParseOverBudget as exc:
+                self.unsettled.add(cand)
+                log.info("rdma probe: %s; looked at again later with twice the time", exc)
+                continue
             except Exception as exc:  # noqa: BLE001 - one file never stops the scan
                 self._refuse(cand, str(exc).splitlines()[0] if str(exc) else type(exc).__name__)
                 continue
@@ -303,11 +325,22 @@ class Attachments:
             ident = (st.st_dev, st.st_ino)
             if ident in self.libraries or ident in self.refused:
                 return None
+            tries = self.over_budget.get(ident, 0)
+            limits = replace(ELF_LIMITS, budget_s=ELF_LIMITS.budget_s * 2 ** tries)
             try:
-                offsets = file_offsets(data, cand.name)
+                offsets = file_offsets(data, cand.name, limits=limits)
+            except ParseOverBudget:
+                if tries + 1 < PARSE_TRIES and len(self.over_budget) < MAX_REFUSALS_KEPT:
+                    self.over_budget[ident] = tries + 1
+                    raise
+                self.over_budget.pop(ident, None)
+                self._refuse(ident, f"{cand.name}: not parsed within {PARSE_TRIES} budgets "
+                             f"of CPU time (the last {limits.budget_s:g} s)")
+                return None
             except LibraryError as exc:
                 self._refuse(ident, str(exc))
                 return None
+            self.over_budget.pop(ident, None)
             lib = Library(cand.name, st.st_dev, st.st_ino, offsets)
             # through the descriptor: the inode checked, whatever the path names now
             try:
