@@ -68,7 +68,8 @@ class Agent:
         self.subsystems = [cls(ctx) for cls in subsystems
                            if config.subsystems is None or cls.name in config.subsystems]
         self.registry = CollectorRegistry(auto_describe=False)
-        self.events = EventLog()
+        # --cgroup-scope: another node's events are not this agent's to serve
+        self.events = EventLog(in_scope=self.owners.in_scope if config.cgroup_scope else None)
         self.exporter = Exporter(self.registry, config.listen, {"/events": self.events.wsgi},
                                  web_config=config.web_config)
         local = socket_path(config.instance) if config.local_socket is None else config.local_socket

@@ -28,9 +28,12 @@ import time
 
 from tests.cluster.test_fleet_chaos import cluster, jobs  # noqa: F401  (fixtures)
 from tests.cluster.test_fleet_chaos import fleet_argv, fleet_report, run_fleet
-from tests.cluster.test_health import WAIT_S, ours
+from tests.cluster.test_health import WAIT_S, ours, xid_line
 from tests.cluster.test_job_io import poll
 from tests.conftest import tracehound_cmd
+from tests.kernel.test_gpu_kmsg import write_kmsg
+from tracehound.clients import prometheus
+from tracehound.explain import span
 from tracehound.host.procs import proc_cgroups
 from tracehound.chaos.faults.io_space import mount_of
 
@@ -78,10 +81,10 @@ RING = ("import os, socket, sys, threading, time\n"
         "    time.sleep(0.02)\n")
 
 
-def explain(cluster, url: str, job_id: str, *extra: str) -> subprocess.CompletedProcess:
-    return subprocess.run([*tracehound_cmd(), "explain", job_id, "--prometheus", url,
-                           "--node-label", "node", "--window", "5m", *extra],
-                          env=cluster.env(), capture_output=True, text=True, timeout=60)
+def explain(cluster, url: str, job_id: str, *extra: str, env=None) -> subprocess.CompletedProcess:
+    """Over the job's life, as Slurm says (the default: no --window)."""
+    return subprocess.run([*tracehound_cmd(), "explain", job_id, "--prometheus", url, *extra],
+                          env=env or cluster.env(), capture_output=True, text=True, timeout=60)
 
 
 def own(answer: dict) -> list:
@@ -95,15 +98,17 @@ def on_node(cluster, job_id: str, node: str, *extra: str) -> dict:
     the node's own agent at its default address."""
     done = subprocess.run(["srun", f"--jobid={job_id}", "--overlap", f"--nodelist={node}",
                            "--nodes=1", "--ntasks=1", *tracehound_cmd(), "explain", job_id,
-                           "--window", "5m", *extra],
+                           *extra],
                           env=cluster.env(), capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout + done.stderr
     return json.loads(done.stdout)
 
 
-def answer(cluster, url: str, job_id: str) -> dict:
-    done = explain(cluster, url, job_id, "--json")
-    assert done.returncode == 0, done.stdout + done.stderr
+def answer(cluster, url: str, job_id: str, env=None) -> dict:
+    done = explain(cluster, url, job_id, "--json", env=env)
+    # 3: nothing judged yet (the job's first series not scraped yet)
+    assert done.returncode == (0 if json.loads(done.stdout)["nodes"] else 3), \
+        done.stdout + done.stderr
     return json.loads(done.stdout)
 
 
@@ -304,3 +309,54 @@ def test_a_fatal_xid_makes_its_node_unfit_for_the_job_as_health_drains_it(
         {("node_unfit", node), ("gpu_xid", node)}, after["findings"]
     # the fatal XID's window passes: the node serves again, by itself
     cluster.wait_nodes(lambda n: "DRAIN" not in n["Flags"], WAIT_S, "resumed")
+
+
+def xid_count(url: str, node: str, xid: int) -> float:
+    got = prometheus.query(url, f'sum(tracehound_gpu_xid_errors_total{{node="{node}",'
+                                f'xid="{xid}"}})')
+    return got[0].value if got else 0.0
+
+
+def logged_xid(cluster, url: str, node: str, xid: int) -> float:
+    """An XID in NODE's GPU's kernel log, once Prometheus counted it; when."""
+    before, at = xid_count(url, node, xid), time.time()
+    write_kmsg(xid_line(cluster.agents.bus_ids[node], xid))
+    poll(lambda: xid_count(url, node, xid) > before, f"XID {xid} on {node} in Prometheus")
+    return at
+
+
+def test_a_nodes_xid_before_the_job_came_or_after_it_left_is_not_the_jobs(
+        cluster, fleet_prometheus, jobs, tmp_path):
+    # before: an XID on one node (and, after the test above, a fatal one
+    # that drained another node, which has served again since)
+    first, second, third = cluster.nodes
+    logged_xid(cluster, fleet_prometheus, first, 94)
+    job = jobs(cluster.nodes, tmp_path, "thclean")
+    running = poll(lambda: (lambda a: a if a["nodes"] == cluster.nodes else None)(
+        answer(cluster, fleet_prometheus, job.id)), "the job on its three nodes")
+    assert running["findings"] == [] and (running["span_source"], running["running"]) == \
+        ("slurm", True), running
+    text = explain(cluster, fleet_prometheus, job.id).stdout
+    assert "to now (as Slurm says)" in text.splitlines()[0] and \
+        text.splitlines()[-1] == "nothing abnormal", text
+
+    # after: the job ended, then an XID on another of its nodes
+    job.end()
+    logged_xid(cluster, fleet_prometheus, second, 94)
+    ended = answer(cluster, fleet_prometheus, job.id)
+    assert (ended["span_source"], ended["running"], ended["nodes"]) == \
+        ("slurm", False, cluster.nodes), ended
+    assert ended["findings"] == [], ended["findings"]
+
+    # where Slurm cannot say (no squeue or sacct here: the job is read from
+    # its series), once the series that go with its cgroups are gone
+    live = "|".join(span.LIVE)
+    poll(lambda: not prometheus.query(fleet_prometheus, f'group({{__name__=~"{live}",'
+                                                        f'job_id="{job.id}"}})'),
+         "the job's series gone")
+    late = logged_xid(cluster, fleet_prometheus, third, 94)
+    blind_to_slurm = {**cluster.env(), "PATH": str(tmp_path / "no-slurm")}
+    series = answer(cluster, fleet_prometheus, job.id, env=blind_to_slurm)
+    assert (series["span_source"], series["nodes"]) == ("series", cluster.nodes), series
+    assert series["end"] <= late and abs(series["start"] - ended["start"]) < 60, series
+    assert [f for f in series["findings"] if f["node"] == third] == [], series["findings"]

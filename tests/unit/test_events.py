@@ -192,3 +192,18 @@ def test_a_bad_filter_is_a_400_that_says_why(agent_http, query, why):
     with pytest.raises(urllib.error.HTTPError) as err:
         urllib.request.urlopen(f"{events_url(exporter.url)}?{query}", timeout=5)
     assert err.value.code == 400 and why.encode() in err.value.read()
+
+
+def test_another_nodes_events_are_dropped_and_a_gpus_kept_under_a_cgroup_scope():
+    log = EventLog(capacity=8, in_scope=lambda path: path == "/n1" or path.startswith("/n1/"))
+    log.attach()
+    try:
+        emit(event="stall", kind="job_stalled", cgroup="/n2/job_5")
+        emit(event="stall", kind="job_stalled", cgroup="/n1/job_5")
+        emit(event="gpu", kind="xid", xid=79)
+    finally:
+        log.detach()
+    emit(event="stall", kind="job_stalled", cgroup="/n2/job_6")      # detached: not kept
+    assert [(e["kind"], e.get("cgroup")) for e in log.since(0)["events"]] == \
+        [("job_stalled", "/n1/job_5"), ("xid", None)]
+    assert events_log.filters == []

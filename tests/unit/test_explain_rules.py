@@ -3,17 +3,20 @@ nodes are outliers among a job's, how a finding reads and ranks, node mode's
 sums, and the timeline drawn as text and as a picture."""
 import datetime
 import json
+import re
 import sys
 import time
 
 import pytest
 
 from tracehound import cli
-from tracehound.explain import answer, fleet, node, plot, render, timeline
+from tracehound.explain import answer, fleet, node, plot, render, span, timeline
 from tracehound.explain.rules import RULES, fill
 
 SLOW = next(r for r in RULES if r.name == "slow_writes")
 RETRANS = next(r for r in RULES if r.name == "tcp_retransmits")
+# a job that ran from t=1000 to t=1300, as Slurm says
+OVER = fleet.Over(span.Span(1000.0, 1300.0, "slurm"))
 
 
 def rows(values: dict, **labels) -> list:
@@ -83,19 +86,19 @@ class Judged(Answers):
 def test_a_nodes_own_retransmissions_are_asked_of_the_jobs_nodes_and_read_against_them():
     rule = next(r for r in RULES if r.name == "node_tcp_retransmits")
     ask = Judged(rows({"a": 0, "b": 2, "c": 300}))
-    [f] = fleet._judge(ask, rule, 'job_id="7"', 'node=~"a|b|c"', "5m", "node", alone=False)
+    [f] = fleet._judge(ask, rule, 'job_id="7"', 'node=~"a|b|c"', OVER, "node", alone=False)
     assert 'tracehound_net_node_tcp_retransmitted_segments_total{node=~"a|b|c"}' in ask.asked[0]
     assert "job_id" not in ask.asked[0]         # the node's series carry no job
     assert (f.node, f.value, f.outlier, f.since) == ("c", 300, True, 10.0)
     assert f.says == "300 TCP segments retransmitted by the node, 300.0x the median of " \
                      "the job's other nodes"
     [f] = fleet._judge(Judged(rows({"a": 0, "b": 0, "c": 400})), rule, 'job_id="7"',
-                       'node=~"a|b|c"', "5m", "node", alone=False)
+                       'node=~"a|b|c"', OVER, "node", alone=False)
     assert f.says.endswith(", while the job's other nodes had none")
     # a few retransmissions of a busy healthy node are no finding, even alone
     assert fleet._judge(Judged(rows({"a": 0, "b": 0, "c": 40})), rule, 'job_id="7"',
-                        'node=~"a|b|c"', "5m", "node", alone=False) == []
-    [f] = fleet._judge(Judged(rows({"c": 400})), rule, 'job_id="7"', 'node=~"c"', "5m", "node",
+                        'node=~"a|b|c"', OVER, "node", alone=False) == []
+    [f] = fleet._judge(Judged(rows({"c": 400})), rule, 'job_id="7"', 'node=~"c"', OVER, "node",
                        alone=True)
     assert f.says.endswith(", with no other node of the job to compare") and not f.outlier
 
@@ -106,7 +109,7 @@ def test_a_node_condition_reads_as_health_drains_on_it_with_its_own_action():
     ask = Judged([({"node": "c", "pci_bus_id": bus, "condition": "nvlink_down"}, 1.0),
                   ({"node": "a", "pci_bus_id": bus, "condition": "thermal_slowdown"}, 1.0),
                   ({"node": "b", "pci_bus_id": bus, "condition": "lost"}, 0.0)])
-    got = fleet._judge(ask, rule, 'job_id="7"', 'node=~"a|b|c"', "5m", "node", alone=False)
+    got = fleet._judge(ask, rule, 'job_id="7"', 'node=~"a|b|c"', OVER, "node", alone=False)
     assert 'tracehound_gpu_health{node=~"a|b|c",condition=~"lost|' in ask.asked[0]
     by_node = {f.node: f for f in got}
     assert set(by_node) == {"a", "c"}            # b's GPU was never lost in the window
@@ -126,22 +129,20 @@ def test_node_mode_names_the_gpu_conditions_that_hold_now():
     assert f.says == "GPU b1: fatal XID within the agent's window (now)"
 
 
-def test_an_xid_before_the_job_came_to_its_node_is_not_the_jobs():
-    # the job's series show on n1 from t=100 and on n2 from t=40
-    presence = [({"node": "n1"}, [(100.0, 1.0), (110.0, 1.0)]),
-                ({"node": "n2"}, [(40.0, 1.0), (50.0, 1.0)])]
-    xid = dict(rule="gpu_xid", severity=5, labels={"xid": "79"}, value=1, says="x", action="y")
-    findings = [answer.Finding(node="n1", since=60.0, **xid),       # before the job: left out
-                answer.Finding(node="n2", since=60.0, **xid),       # after it: kept
-                answer.Finding(node="n1", since=105.0, **xid),      # after it: kept
-                answer.Finding("node_unfit", 5, "n1", {}, 1, "x", "y", since=10.0)]
-    ask = Answers(presence)
-    kept = fleet._after_the_job_came(ask, findings, 'job_id="7"', "5m", "node")
-    assert [(f.rule, f.node, f.since) for f in kept] == \
-        [("gpu_xid", "n2", 60.0), ("gpu_xid", "n1", 105.0), ("node_unfit", "n1", 10.0)]
-    # no XID: nothing more is asked
-    assert fleet._after_the_job_came(None, findings[3:], 'job_id="7"', "5m", "node") == \
-        findings[3:]
+def test_every_rule_is_asked_over_the_jobs_span_and_no_other_time():
+    # an XID an hour before the job, or a minute after it, is the node's, not
+    # the job's: each range ends at the job's end and is as long as the job
+    ask = Judged([])
+    for rule in RULES:
+        fleet._judge(ask, rule, 'job_id="7"', 'node=~"a|b"', OVER, "node", alone=False)
+    assert len(ask.asked) == len(RULES)
+    for promql in ask.asked:
+        ranges = re.findall(r"\[([^\]]+)\]( @ [0-9.]+)?", promql)
+        assert ranges and all(r == ("300s", " @ 1300.000") for r in ranges), promql
+        # a count's value before the job is read at the job's start
+        assert " offset" not in promql or " @ 1300.000 offset 300s" in promql, promql
+    xid = next(q for q in ask.asked if "gpu_xid" in q)
+    assert 'tracehound_gpu_xid_errors_total{node=~"a|b"} @ 1300.000 offset 300s' in xid
 
 
 def test_an_outlier_is_one_since_it_parted_from_the_others_not_since_it_wrote():
@@ -152,22 +153,22 @@ def test_an_outlier_is_one_since_it_parted_from_the_others_not_since_it_wrote():
               ({"node": "b", "mountpoint": "/"}, [(t, 0.003) for t in times]),
               ({"node": "c", "mountpoint": "/"},
                [(t, 0.002 if t < 30 else 0.2) for t in times])]
-    assert fleet._since(Answers(series), "q", "5m", "node", SLOW,
-                        alone=False) == {("c", "/"): 30.0}
+    assert fleet._since(Answers(series), SLOW, {"job": 'job_id="7"', "by": "node, mountpoint"},
+                        OVER, "node", alone=False) == {("c", "/"): 30.0}
 
 
 def test_a_count_holds_since_it_first_grew():
     series = [({"node": "a", "signal": "KILL"}, [(0.0, 0.0), (10.0, 1.0), (20.0, 1.0)]),
               ({"node": "b", "signal": "KILL"}, [(0.0, 0.0), (10.0, 0.0), (20.0, 0.0)])]
     rule = next(r for r in RULES if r.name == "killed_by_signal")
-    assert fleet._since(Answers(series), "q", "5m", "node", rule,
-                        alone=False) == {("a", "KILL"): 10.0}
+    assert fleet._since(Answers(series), rule, {"job": 'job_id="7"', "by": "node, signal"},
+                        OVER, "node", alone=False) == {("a", "KILL"): 10.0}
 
 
 def test_fill_leaves_promql_braces_alone():
-    expr = fill(RULES[0].expr, job='job_id="7"', window="5m", by="node")
+    expr = fill(RULES[0].expr, job='job_id="7"', window="5m", at="", by="node")
     assert '{job_id="7",reason="oom"}[5m]' in expr and "sum by (node)" in expr
-    assert "{" + "job" + "}" not in expr and "{window}" not in expr
+    assert "{" + "job" + "}" not in expr and "{window}" not in expr and "{at}" not in expr
 
 
 def test_findings_rank_by_severity_then_onset_then_size():
@@ -179,11 +180,15 @@ def test_findings_rank_by_severity_then_onset_then_size():
 
 
 def test_text_and_json_say_nothing_abnormal_for_a_clean_job():
-    a = answer.Answer("12", "15m", ["n1", "n2"],
+    start = time.time() - 600
+    a = answer.Answer("12", "its life", ["n1", "n2"],
                      activity={"n1": {"read_bytes": 2048, "write_bytes": 0, "cpu_seconds": 3.25}},
-                     queries=14, seconds=0.2)
+                     queries=14, seconds=0.2, start=start, end=time.time(), span_source="slurm",
+                     running=True)
     text = render.text(a, "http://prom:9090")
-    assert text.splitlines()[0].startswith("job 12: 2 node(s) (n1, n2), last 15m")
+    began = datetime.datetime.fromtimestamp(start).strftime("%H:%M:%S")
+    assert text.splitlines()[0].startswith(
+        f"job 12: 2 node(s) (n1, n2), {began} to now (as Slurm says)"), text
     assert "  n1: read 2.0 KiB, wrote 0 B, CPU 3.2 s" in text
     assert "  n2: read -, wrote -, CPU -" in text
     assert text.splitlines()[-1] == "nothing abnormal"
@@ -193,6 +198,7 @@ def test_text_and_json_say_nothing_abnormal_for_a_clean_job():
 def test_a_job_no_agent_saw_says_so():
     text = render.text(answer.Answer("12", "15m", []), "http://prom:9090")
     assert "no node has series of it" in text and "ran nowhere an agent watched" in text
+    assert "not known to Slurm or in any series" in text
 
 
 def test_bad_questions_are_refused_before_anything_is_asked(capsys):
@@ -226,14 +232,15 @@ def test_node_mode_counts_the_xids_of_the_window_with_when_they_came():
               {"kind": "xid", "xid": 13, "pci_bus_id": "0000:3b:00.0", "time": at(now - 3600)},
               {"kind": "thermal_slowdown", "pci_bus_id": "0000:3b:00.0", "time": at(now)},
               {"kind": "xid", "xid": "79; x", "time": "not a time"}, "not an event"]
-    [f] = node._xids(json.dumps({"events": events, "next": 6}), "15m", "n1")
+    ran = span.Span(now - 900, now, "")
+    [f] = node._xids(json.dumps({"events": events, "next": 6}), ran, "n1")
     assert (f.labels, f.value, f.severity) == ({"pci_bus_id": "0000:3b:00.0", "xid": "79"}, 2, 5)
     assert abs(f.since - (now - 30)) < 1e-3 and f.action.startswith("XID 79 (GPU fell off")
 
 
 def test_node_mode_refuses_what_is_not_an_event_log():
     with pytest.raises(answer.ExplainError, match="not an event list"):
-        node._xids("<html>", "15m", "n1")
+        node._xids("<html>", span.Span(0, 1, ""), "n1")
 
 
 def test_one_node_or_the_fleet_not_both(capsys):

@@ -65,10 +65,10 @@ def setup(tmp_path):
     board.add("io", lambda: values)
     events = []
 
-    def make(stall_after=10.0, cgroups=None):
+    def make(stall_after=10.0, cgroups=None, in_scope=lambda path: True):
         return StallDetector(StallConfig(stall_after, cgroups), tree.root, board, workload,
                              emit=events.append,
-                             states=lambda d: tree.states.get(d, {}))
+                             states=lambda d: tree.states.get(d, {}), in_scope=in_scope)
     return tree, board, values, events, make
 
 
@@ -134,6 +134,18 @@ def test_all_processes_stopped_is_a_stall_after_the_threshold_and_frozen_too(set
     det.run_once(7)
     det.run_once(12)
     assert kinds(events)[-1] == ("job_stalled", "stopped") and events[-1]["frozen"] is True
+
+
+def test_a_workload_outside_the_agents_cgroup_scope_is_not_its_to_judge(setup):
+    # two agents on one host, one per node (--cgroup-scope): each judges its own
+    tree, _board, _values, events, make = setup
+    tree.add("/n1/batch", {"stopped": 1})
+    tree.add("/n2/batch", {"stopped": 1})
+    det = make(stall_after=5, cgroups=r"/n[12]/batch",
+               in_scope=lambda path: path == "/n1" or path.startswith("/n1/"))
+    det.run_once(0)
+    det.run_once(5)
+    assert [(e["kind"], e["cgroup"]) for e in events] == [("job_stalled", "/n1/batch")]
 
 
 def test_some_processes_stopped_is_not_a_stall(setup):

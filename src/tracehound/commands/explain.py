@@ -9,17 +9,23 @@ def add_parser(sub, hook=None) -> None:
                     "(OOM kills, processes killed by a signal, GPU XIDs on the job's nodes, "
                     "I/O, fsync and RDMA verb errors, stopped processes, a stalled job, a node "
                     "with more TCP retransmissions or slower writes than the job's others) "
-                    "for one Slurm job over a window, and ranks what holds: the worst "
+                    "for one Slurm job over its own time (its start to its end, or now: "
+                    "from squeue or sacct where Slurm answers, else from the job's first and "
+                    "last series), and ranks what holds: the worst "
                     "first, and among equals the earliest, so the top line is the likeliest "
                     "cause. Prints "
                     "what the job did on each node (bytes read and written, CPU) above the "
                     "findings, or 'nothing abnormal'. Without --prometheus it asks this "
                     "node's agent (--url) instead: the counting rules over the job's life "
-                    "on this node, GPU XIDs from the agent's event log within the window, "
+                    "on this node, GPU XIDs from the agent's event log while the job ran "
+                    "(the last --window, default 15m, where Slurm does not say), "
                     "stopped processes and a stall now; comparing a node with the job's "
                     "others needs Prometheus. "
                     "Exit 0 answered, 2 the question could not be asked (bad input, "
-                    "Prometheus or the agent unreachable).")
+                    "Prometheus or the agent unreachable, a --node-label no series has), 3 "
+                    "nothing could be judged: no agent has series of the job, or nothing "
+                    "abnormal was seen where an agent lost data (a full map, folded series, "
+                    "a truncated walk, a missed scrape).")
     p.add_argument("job", help="Slurm job id")
     p.add_argument("--prometheus", metavar="URL",
                    help="the fleet's Prometheus, scraping every node's agent (fleet mode)")
@@ -31,10 +37,11 @@ def add_parser(sub, hook=None) -> None:
     p.add_argument("--node", metavar="NAME", default=None,
                    help="without --prometheus: the name this node goes by (default its "
                         "hostname)")
-    p.add_argument("--window", default="15m", metavar="DURATION",
-                   help="how far back to look (default 15m)")
-    p.add_argument("--node-label", default="instance", metavar="LABEL",
-                   help="with --prometheus: the label that names a node (default instance)")
+    p.add_argument("--window", default=None, metavar="DURATION",
+                   help="only the job's last DURATION (e.g. 15m, 2h; default: its whole life)")
+    p.add_argument("--node-label", default="node", metavar="LABEL",
+                   help="with --prometheus: the label that names a node (default node, as "
+                        "deploy/prometheus/scrape.yml labels each target)")
     p.add_argument("--timeline", action="store_true",
                    help="with --prometheus: the job's signals per node over the window (write "
                         "and read bandwidth, write latency, TCP retransmissions, stopped "
@@ -72,6 +79,7 @@ def cmd_explain(args) -> int:
         return 2
     print(render.as_json(answer) if args.json else
           render.text(answer, url, with_timeline=args.timeline), flush=True)
+    unjudged = not answer.nodes or (not answer.findings and answer.blind)
     if args.plot:
         from ..explain import plot
         try:
@@ -79,4 +87,4 @@ def cmd_explain(args) -> int:
         except (ExplainError, OSError) as exc:      # the answer above stands
             print(f"tracehound: explain: --plot {args.plot}: {exc}", flush=True)
             return 2
-    return 0
+    return 3 if unjudged else 0

@@ -87,7 +87,8 @@ class StallDetector:
 
     def __init__(self, config: StallConfig, root: str, board: ProgressBoard,
                  workload: Callable[[str], tuple[str, ...]], emit: Emit = log_event,
-                 states: Callable[[str], dict[str, int]] = process_states):
+                 states: Callable[[str], dict[str, int]] = process_states,
+                 in_scope: Callable[[str], bool] = lambda path: True):
         self.config = config
         self.interval = config.interval_s
         self.root = root
@@ -95,6 +96,7 @@ class StallDetector:
         self.workload = workload
         self.emit = emit
         self.states = states
+        self.in_scope = in_scope            # --cgroup-scope: another node's cgroups are not ours
         self._pattern = re.compile(config.cgroups) if config.cgroups else None
         self._jobs: dict[tuple, _Workload] = {}
         self._counts = dict.fromkeys(KINDS, 0)
@@ -103,6 +105,8 @@ class StallDetector:
 
     # -- which cgroups are workloads -----------------------------------------
     def _key(self, path: str) -> tuple | None:
+        if not self.in_scope(path):
+            return None
         values = self.workload(path)
         if dict(zip(WORKLOAD_LABELS, values)).get("workload") in JOB_WORKLOADS:
             # the job, pod or VM: its steps, tasks and containers are its parts,

@@ -12,8 +12,14 @@ from ..gpu.xid_catalog import FATAL, lookup
 PRESENCE = ("tracehound_io_read_bytes_total", "tracehound_io_write_bytes_total",
             "tracehound_process_exits_total", "tracehound_cgroup_cpu_seconds_total",
             "tracehound_net_tcp_retransmits_total", "tracehound_rdma_verb_calls_total")
-JOB_ID = re.compile(r"^[0-9]{1,12}$")
-_DURATION = re.compile(r"^[0-9]{1,9}[smhd]$")
+JOB_ID = re.compile(r"[0-9]{1,12}")          # whole strings only (fullmatch)
+_DURATION = re.compile(r"[0-9]{1,9}[smhd]")
+# signals a process raises on itself when it crashes: a fault of its own
+# code or a library's, not a kill someone sent
+CRASH_SIGNALS = frozenset({"SEGV", "BUS", "ABRT", "ILL", "FPE", "SYS", "TRAP"})
+CRASH_ACTION = ("the process crashed (a bad memory access, an abort, a failed assertion): its "
+                "stderr, a core dump, or the node's kernel log (a segfault line names the "
+                "library and address) say where")
 
 
 class ExplainError(Exception):
@@ -44,6 +50,13 @@ class Answer:
     queries: int = 0
     seconds: float = 0.0
     mode: str = "fleet"     # or "node": one agent, no Prometheus (node.py)
+    # the span judged (epoch seconds), and who said when the job ran (span.py)
+    start: float | None = None
+    end: float | None = None
+    span_source: str = ""
+    running: bool = False
+    # where an agent lost data the rules judge by: {node, what, says}
+    blind: list[dict] = field(default_factory=list)
     # --timeline: signal -> node -> one value per column (timeline.py)
     timeline: dict[str, dict[str, list]] = field(default_factory=dict)
     timeline_start: float = 0.0
@@ -60,9 +73,10 @@ def rank(f: Finding) -> tuple:
             -f.value, f.node)
 
 
-def valid_window(window: str) -> None:
-    if not _DURATION.match(window):
+def valid_window(window: str) -> str:
+    if not isinstance(window, str) or not _DURATION.fullmatch(window):
         raise ExplainError(f"--window {window!r}: a duration such as 90s, 15m or 2h")
+    return window
 
 
 def seconds(window: str) -> float:
@@ -75,6 +89,8 @@ def judged(rule, words: dict) -> tuple[int, str, dict]:
     a node condition's from the conditions `tracehound health` drains on."""
     if rule.name == "gpu_xid":
         return (*xid_verdict(words.get("xid", "")), {})
+    if rule.name == "killed_by_signal" and words.get("signal") in CRASH_SIGNALS:
+        return rule.severity, CRASH_ACTION, {}
     if rule.name == "node_unfit":
         # fleet mode asks for the catalog's conditions only, node mode keeps them only
         cond = BY_GAUGE[words["condition"]]

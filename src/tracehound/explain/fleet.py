@@ -7,15 +7,35 @@ about a dozen queries, whatever its number of cgroups.
 """
 from __future__ import annotations
 
+import math
 import re
 import statistics
 import time
 
 from ..clients import prometheus
-from .answer import (JOB_ID, PRESENCE, Answer, ExplainError, Finding, judged, rank, seconds,
-                     valid_window)
-from . import timeline
-from .rules import RULES, Rule, compared, fill, grew
+from .answer import JOB_ID, PRESENCE, Answer, ExplainError, Finding, judged, rank, seconds, valid_window
+from . import span, timeline
+from .rules import AT, RULES, WIN, Rule, compared, fill, grew
+
+SINCE_POINTS = 240              # a since's range query: the span in this many steps
+TRAILING_MIN_S = 60             # a count's growth is looked for over at least this
+
+# where an agent lost data it judges by, on the job's nodes over its span
+# (PromQL with {node}, {by}, {window}, {at}), and how it is said
+BLIND = {
+    "map_full": ("sum by ({by}, map) (" + grew("tracehound_map_full_drops_total", "{node}")
+                 + ")", "{value:g} updates lost: the agent's {map} map was full"),
+    "series_folded": ("sum by ({by}, collector) (" + grew("tracehound_series_overflow_total",
+                                                           "{node}") + ")",
+                      "{value:g} label sets of the {collector} collector folded into "
+                      "__overflow__ (--max-series)"),
+    "walk_truncated": ("max by ({by}) (max_over_time(tracehound_pressure_cgroups_truncated{"
+                       "{node}}[" + WIN + "]" + AT + "))",
+                       "the cgroup walk stopped at --pressure-max-cgroups: stopped processes "
+                       "and stalls may be missing"),
+    "not_scraped": ("max by ({by}) (1 - min_over_time(up{{node}}[" + WIN + "]" + AT + "))",
+                    "the agent was not scraped for part of the job (down, or unreachable)"),
+}
 
 # what the job did on each node over the window. CPU is the job's own cgroup
 # only (step=""): it is exported at job, step and task level as well, and a
@@ -43,29 +63,25 @@ class Asker:
         return prometheus.query_range(self.url, promql, start, end, step, timeout=self.timeout)
 
 
-def explain(url: str, job: str, window: str = "15m", node_label: str = "instance",
-            with_timeline: bool = False) -> Answer:
-    if not JOB_ID.match(job):
+def explain(url: str, job: str, window: str | None = None, node_label: str = "node",
+            with_timeline: bool = False, use_slurm: bool = True) -> Answer:
+    """The job's answer over its own span (span.py): the rules judged from
+    its start to its end, or now, cut to the last WINDOW where one is given."""
+    if not JOB_ID.fullmatch(job):
         raise ExplainError(f"{job!r} is not a Slurm job id (digits)")
-    valid_window(window)
+    window_s = seconds(valid_window(window)) if window is not None else None
     if not re.fullmatch(r"[a-zA-Z_][a-zA-Z0-9_]*", node_label):
         raise ExplainError(f"--node-label {node_label!r} is not a label name")
     started = time.monotonic()
     ask = Asker(url)
     job_sel = f'job_id="{job}"'
     try:
-        nodes = _nodes(ask, job_sel, window, node_label)
-        answer = Answer(job, window, nodes)
-        if nodes:
-            node_sel = f"{node_label}=~{prometheus.regex_literal(*nodes)}"
-            answer.activity = _activity(ask, job_sel, window, node_label)
-            for rule in RULES:
-                answer.findings += _judge(ask, rule, job_sel, node_sel, window, node_label,
-                                          alone=len(nodes) == 1)
-            answer.findings = _after_the_job_came(ask, answer.findings, job_sel, window,
-                                                  node_label)
-            if with_timeline:
-                _timeline(ask, answer, job_sel, node_sel, window, node_label)
+        found = span.of_job(ask, job, job_sel, window_s, use_slurm=use_slurm)
+        answer = Answer(job, window or "its life", [])
+        if found is not None:
+            answer.start, answer.end, answer.span_source = found.start, found.end, found.source
+            answer.running = found.running
+            _judge_all(ask, answer, found, job_sel, node_label, with_timeline)
     except prometheus.PrometheusError as exc:
         raise ExplainError(str(exc)) from None
     answer.findings.sort(key=rank)
@@ -73,11 +89,39 @@ def explain(url: str, job: str, window: str = "15m", node_label: str = "instance
     return answer
 
 
-def _timeline(ask: Asker, answer: Answer, job_sel: str, node_sel: str, window: str,
+def _judge_all(ask: Asker, answer: Answer, found: span.Span, job_sel: str, label: str,
+               with_timeline: bool) -> None:
+    over = Over(found)
+    answer.nodes = _nodes(ask, job_sel, over, label)
+    if not answer.nodes:
+        return
+    node_sel = f"{label}=~{prometheus.regex_literal(*answer.nodes)}"
+    answer.activity = _activity(ask, job_sel, over, label)
+    for rule in RULES:
+        answer.findings += _judge(ask, rule, job_sel, node_sel, over, label,
+                                  alone=len(answer.nodes) == 1)
+    answer.blind = _blind(ask, node_sel, over, label)
+    if with_timeline:
+        _timeline(ask, answer, job_sel, node_sel, found, label)
+
+
+class Over:
+    """A rule's range and evaluation time: the job's span, ending at its end."""
+
+    def __init__(self, found: span.Span):
+        self.span = found
+        self.window = f"{math.ceil(found.seconds)}s"
+        self.at = f" @ {found.end:.3f}"
+        self.step = max(found.seconds / SINCE_POINTS, 1.0)
+
+    def fill(self, expr: str, **values: str) -> str:
+        return fill(expr, window=self.window, at=self.at, **values)
+
+
+def _timeline(ask: Asker, answer: Answer, job_sel: str, node_sel: str, found: span.Span,
               label: str) -> None:
-    end = time.time()
-    span = seconds(window)
-    step = timeline.step_of(span)
+    end = found.end
+    step = timeline.step_of(found.seconds)
     start = end - (timeline.COLUMNS - 1) * step
     answer.timeline_start, answer.timeline_step = start, step
     for signal in timeline.SIGNALS:
@@ -85,57 +129,39 @@ def _timeline(ask: Asker, answer: Answer, job_sel: str, node_sel: str, window: s
         answer.timeline[signal] = timeline.collect(series, start, step, label)
 
 
-def _after_the_job_came(ask: Asker, findings: list[Finding], job_sel: str, window: str,
-                        label: str) -> list[Finding]:
-    """An XID is an event of its GPU's node: one logged before the job came to
-    that node is not the job's. Its `since` (when the count first grew, to the
-    range query's step) is set against the first step the job's series showed
-    there; one range query, asked only when there is an XID to judge. (A node's
-    condition that began earlier and still holds is the job's: not judged.)"""
-    xids = [f for f in findings if f.rule == "gpu_xid" and f.since is not None]
-    if not xids:
-        return findings
-    end = time.time()
-    span = seconds(window)
-    step = max(span / 120, 1.0)
-    presence = " or ".join(f"group by ({label}) ({m}{{{job_sel}}})" for m in PRESENCE)
-    came: dict[str, float] = {}
-    for labels, points in ask.over(presence, end - span, end, step):
-        seen = [t for t, v in points if v == v]
-        if seen:
-            node = labels.get(label, "?")
-            came[node] = min(came.get(node, seen[0]), seen[0])
-    early = {id(f) for f in xids if f.node in came and f.since < came[f.node]}
-    return [f for f in findings if id(f) not in early]
+def _nodes(ask: Asker, job_sel: str, over: Over, label: str) -> list[str]:
+    def present(by: str) -> str:
+        return " or ".join(f"group{by} (last_over_time({m}{{{job_sel}}}[{over.window}]"
+                           f"{over.at}))" for m in PRESENCE)
+    nodes = sorted({s.labels.get(label, "") for s in ask.now(present(f" by ({label})"))} - {""})
+    if not nodes and ask.now(present("")):
+        raise ExplainError(f"the job's series carry no label {label!r}: --node-label names the "
+                           "label each node's target has in the scrape configuration (the "
+                           "shipped deploy/prometheus/scrape.yml gives 'node')")
+    return nodes
 
 
-def _nodes(ask: Asker, job_sel: str, window: str, label: str) -> list[str]:
-    parts = [f"group by ({label}) (last_over_time({m}{{{job_sel}}}[{window}]))"
-             for m in PRESENCE]
-    return sorted({s.labels.get(label, "") for s in ask.now(" or ".join(parts))} - {""})
-
-
-def _activity(ask: Asker, job_sel: str, window: str, label: str) -> dict:
+def _activity(ask: Asker, job_sel: str, over: Over, label: str) -> dict:
     out: dict[str, dict[str, float]] = {}
     for name, expr in ACTIVITY.items():
-        for s in ask.now(fill(expr, job=job_sel, by=label, window=window)):
+        for s in ask.now(over.fill(expr, job=job_sel, by=label)):
             out.setdefault(s.labels.get(label, "?"), {})[name] = round(s.value, 3)
     return out
 
 
-def _judge(ask: Asker, rule: Rule, job_sel: str, node_sel: str, window: str,
+def _judge(ask: Asker, rule: Rule, job_sel: str, node_sel: str, over: Over,
            label: str, alone: bool) -> list[Finding]:
     by = ", ".join((label, *rule.by))
-    promql = fill(rule.expr, job=job_sel if rule.job_labelled else node_sel,
-                  node=node_sel, window=window, by=by)
-    rows = [(s.labels, s.value) for s in ask.now(promql) if s.value == s.value]   # not NaN
+    values = {"job": job_sel if rule.job_labelled else node_sel, "node": node_sel, "by": by}
+    rows = [(s.labels, s.value) for s in ask.now(over.fill(rule.expr, **values))
+            if s.value == s.value]   # not NaN
     if rule.kind == "grew":
         held = [(labels, value, None) for labels, value in rows if value > 0]
     else:
         held = outliers(rule, rows, label, alone)
     if not held:
         return []
-    since = _since(ask, promql, window, label, rule, alone)
+    since = _since(ask, rule, values, over, label, alone)
     out = []
     for labels, value, ratio in held:
         node = labels.get(label, "?")
@@ -176,17 +202,17 @@ def outliers(rule: Rule, rows, label: str,
     return out
 
 
-def _since(ask: Asker, promql: str, window: str, label: str, rule: Rule,
+def _since(ask: Asker, rule: Rule, values: dict, over: Over, label: str,
            alone: bool) -> dict:
-    """(node, *by) -> when the rule first held in the window: a count first
-    above zero; a node first an outlier among the job's nodes at that time
-    (a mean latency is above zero all along: what counts is when it parted
-    from the others')."""
-    end = time.time()
-    span = seconds(window)
-    step = max(span / 120, 1.0)
+    """(node, *by) -> when the rule first held in the job's span: a count
+    first grew (over the step before each point); a node first an outlier
+    among the job's nodes (over the span so far: a mean latency is above
+    zero all along, what counts is when it parted from the others')."""
+    step = over.step
+    trailing = max(step, TRAILING_MIN_S) if rule.kind == "grew" else over.span.seconds
+    promql = fill(rule.expr, window=f"{math.ceil(trailing)}s", at="", **values)
     at: dict[float, list] = {}
-    for labels, points in ask.over(promql, end - span, end, step):
+    for labels, points in ask.over(promql, over.span.start, over.span.end, step):
         for t, v in points:
             if v == v:          # not NaN
                 at.setdefault(t, []).append((labels, v))
@@ -198,3 +224,18 @@ def _since(ask: Asker, promql: str, window: str, label: str, rule: Rule,
         for labels, _v, _r in held:
             first.setdefault((labels.get(label, "?"), *(labels.get(k, "") for k in rule.by)), t)
     return first
+
+
+def _blind(ask: Asker, node_sel: str, over: Over, label: str) -> list[dict]:
+    """Where the agents on the job's nodes lost what they would have judged
+    by, in the job's span: each with its node and what was lost."""
+    parts = [f'label_replace({over.fill(expr, node=node_sel, by=label)}, "blind", "{name}", '
+             '"", "")' for name, (expr, _says) in BLIND.items()]
+    out = []
+    for s in ask.now(" or ".join(parts)):
+        name = s.labels.get("blind", "")
+        if name in BLIND and s.value > 0:
+            says = BLIND[name][1].format(value=s.value, **{k: s.labels.get(k, "?")
+                                                            for k in ("map", "collector")})
+            out.append({"node": s.labels.get(label, "?"), "what": name, "says": says})
+    return sorted(out, key=lambda b: (b["node"], b["what"]))

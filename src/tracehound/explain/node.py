@@ -27,6 +27,7 @@ from ..clients.agent_client import open_agent
 from ..conditions import BY_GAUGE as CONDITION_GAUGES
 from .answer import (JOB_ID, PRESENCE, Answer, ExplainError, Finding, judged, rank, seconds,
                      valid_window, xid_verdict)
+from . import span
 from .rules import RULES, Rule
 
 # what node mode reads at most of each page: a busy node's /metrics is tens
@@ -34,18 +35,30 @@ from .rules import RULES, Rule
 MAX_BYTES = 256 << 20
 
 
-def explain_node(url: str, job: str, window: str = "15m", node: str | None = None) -> Answer:
-    if not JOB_ID.match(job):
+# XIDs of a job Slurm does not know: the agent's events of this long ago
+XID_DEFAULT_S = 15 * 60
+
+
+def explain_node(url: str, job: str, window: str | None = None, node: str | None = None,
+                 use_slurm: bool = True) -> Answer:
+    if not JOB_ID.fullmatch(job):
         raise ExplainError(f"{job!r} is not a Slurm job id (digits)")
-    valid_window(window)
+    window_s = seconds(valid_window(window)) if window is not None else None
     started = time.monotonic()
+    now = time.time()
+    # the node's XIDs are the job's while it ran here: Slurm says when that
+    # was; without it, the last --window (default 15 min)
+    ran = span.from_slurm(job, now) if use_slurm else None
+    ran = ran.cut(window_s, now) if ran else span.Span(now - (window_s or XID_DEFAULT_S), now, "")
     node = node or os.uname().nodename
     metrics_url = url if url.rstrip("/").endswith("/metrics") else url.rstrip("/") + "/metrics"
     samples = _samples(_read(metrics_url, "text/plain"))
     mine = {name: [(lb, v) for lb, v in rows if lb.get("job_id") == job]
             for name, rows in samples.items()}
     present = any(mine.get(m) for m in PRESENCE)
-    answer = Answer(job, window, [node] if present else [], mode="node")
+    answer = Answer(job, window or ("its life" if ran.source else "15m"),
+                    [node] if present else [], mode="node",
+                    start=ran.start, end=ran.end, span_source=ran.source, running=ran.running)
     answer.queries = 1
     if present:
         answer.activity = {node: _activity(mine)}
@@ -55,7 +68,7 @@ def explain_node(url: str, job: str, window: str = "15m", node: str | None = Non
         answer.findings += _stalled(mine.get("tracehound_workload_stalled", []), node)
         answer.findings += _unfit(samples.get("tracehound_gpu_health", []), node)
         events_url = metrics_url.removesuffix("/metrics") + "/events?kind=xid"
-        answer.findings += _xids(_read(events_url, "application/json"), window, node)
+        answer.findings += _xids(_read(events_url, "application/json"), ran, node)
         answer.queries = 2
     answer.findings.sort(key=rank)
     answer.seconds = round(time.monotonic() - started, 3)
@@ -103,8 +116,9 @@ def _counted(rule: Rule, rows: list, node: str) -> list[Finding]:
     for key, value in sums.items():
         if value > 0:
             words = dict(zip(rule.by, key))
-            out.append(Finding(rule.name, rule.severity, node, words, round(value, 6),
-                               rule.says.format(value=value, **words), rule.action))
+            severity, action, more = judged(rule, words)
+            out.append(Finding(rule.name, severity, node, words, round(value, 6),
+                               rule.says.format(value=value, **words, **more), action))
     return out
 
 
@@ -129,21 +143,20 @@ def _unfit(rows: list, node: str) -> list[Finding]:
     return out
 
 
-def _xids(text: str, window: str, node: str) -> list[Finding]:
-    """XID events of the agent's log within the window, one finding per GPU and XID."""
+def _xids(text: str, ran: span.Span, node: str) -> list[Finding]:
+    """XID events of the agent's log while the job ran, one finding per GPU and XID."""
     try:
         events = json.loads(text)["events"]
     except (ValueError, KeyError, TypeError):
         raise ExplainError(f"the agent's /events is not an event list ({text[:80]!r})") from None
     rule = next(r for r in RULES if r.name == "gpu_xid")
-    after = time.time() - seconds(window)
     seen: dict[tuple[str, str], list[float]] = {}
     for event in events if isinstance(events, list) else []:
         if not isinstance(event, dict) or event.get("kind") != "xid":
             continue
         when = _epoch(event.get("time"))
         xid = str(event.get("xid", ""))
-        if when is not None and when >= after and xid.isdigit():
+        if when is not None and ran.start <= when <= ran.end + 1 and xid.isdigit():
             seen.setdefault((str(event.get("pci_bus_id", "")), xid), []).append(when)
     out = []
     for (bus, xid), times in seen.items():

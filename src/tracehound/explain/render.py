@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import time
 
 from ..printable import escaped
 from . import timeline
@@ -37,14 +38,31 @@ def text(answer: Answer, url: str, with_timeline: bool = True) -> str:
     return "\n".join(escaped(line) for line in _lines(answer, url, with_timeline))
 
 
+def _span(answer: Answer) -> str:
+    """The time judged, and who said it was the job's."""
+    if answer.start is None:
+        return "not known to Slurm or in any series"
+    until = "now" if answer.running else _clock(answer.end)
+    said = {"slurm": "as Slurm says", "series": "as the job's series say"}.get(
+        answer.span_source, f"the last {answer.window}")
+    return f"{_clock(answer.start)} to {until} ({said})"
+
+
+def _clock(t: float | None) -> str:
+    if t is None:
+        return "?"
+    when = datetime.datetime.fromtimestamp(t)
+    return when.strftime("%H:%M:%S" if abs(time.time() - t) < 86400 else "%Y-%m-%d %H:%M:%S")
+
+
 def _lines(answer: Answer, url: str, with_timeline: bool) -> list[str]:
-    when = (f"last {answer.window}" if answer.mode == "fleet" else
-            f"over its life on this node (GPU XIDs: last {answer.window})")
+    when = (_span(answer) if answer.mode == "fleet" else
+            f"over its life on this node (GPU XIDs: {_span(answer)})")
     head = (f"job {answer.job}: " + (f"{len(answer.nodes)} node(s) ({', '.join(answer.nodes)})"
                                      if answer.nodes else "no node has series of it")
             + f", {when}, asked {url} ({answer.queries} queries, {answer.seconds:.2f} s)")
     if not answer.nodes:
-        return [head, "nothing known: the job ran nowhere an agent watched in that window"]
+        return [head, "nothing known: the job ran nowhere an agent watched in that time"]
     lines = [head]
     for node in answer.nodes:
         did = answer.activity.get(node, {})
@@ -55,8 +73,11 @@ def _lines(answer: Answer, url: str, with_timeline: bool) -> list[str]:
                                answer.findings)
     if answer.mode == "node":
         lines.append("  (one node alone: a node unlike the job's others needs --prometheus)")
+    for b in answer.blind:
+        lines.append(f"  blind in part: {b['node']}: {b['says']}")
     if not answer.findings:
-        return lines + ["nothing abnormal"]
+        return lines + ["nothing judged abnormal, but the agents lost data (above): not a clean "
+                        "bill" if answer.blind else "nothing abnormal"]
     for i, f in enumerate(answer.findings, 1):
         # an outlier's own words say how it compares with the job's other nodes
         lines.append(f"{i}. [{f.severity}] {f.node}: {f.says}{_when(f.since)}")

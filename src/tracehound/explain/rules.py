@@ -21,7 +21,8 @@ from dataclasses import dataclass
 from .. import conditions
 
 JOB = "{job}"       # the job's matchers, filled in per question (fill())
-WIN = "{window}"
+WIN = "{window}"    # the job's span: its length, and the time it ends as " @ END"
+AT = "{at}"
 
 
 def fill(expr: str, **values: str) -> str:
@@ -38,16 +39,16 @@ def grew(metric: str, matchers: str) -> str:
     born within it (a job's first OOM kill starts its series at 1); a reset
     (the agent restarted) counts as nothing rather than as negative."""
     sel = f"{metric}{{{matchers}}}"
-    last = f"last_over_time({sel}[{WIN}])"
-    return f"(clamp_min({last} - {sel} offset {WIN}, 0) or {last})"
+    last = f"last_over_time({sel}[{WIN}]{AT})"
+    return f"(clamp_min({last} - {sel}{AT} offset {WIN}, 0) or {last})"
 
 
-def mean_latency(histogram: str, matchers: str, window: str) -> str:
+def mean_latency(histogram: str, matchers: str, window: str, at: str = "") -> str:
     """Mean latency over the window from a classic histogram (_sum and
     _count series) or a native one (a Prometheus with native histograms on
     keeps only that): each label set has one form."""
     def rate(name: str) -> str:
-        return f"rate({name}{{{matchers}}}[{window}])"
+        return f"rate({name}{{{matchers}}}[{window}]{at})"
     return (f"(sum by ({{by}}) ({rate(histogram + '_sum')}) / "
             f"sum by ({{by}}) ({rate(histogram + '_count')})) or "
             f"(sum by ({{by}}) (histogram_sum({rate(histogram)})) / "
@@ -111,7 +112,7 @@ RULES: tuple[Rule, ...] = (
     # from there (answer.judged); a fatal XID is also the gpu_xid finding
     Rule("node_unfit", 5,
          "max by ({by}) (max_over_time(tracehound_gpu_health{" + JOB + ',condition=~"'
-         + "|".join(c.gauge for c in conditions.GPU) + '"}[' + WIN + "]))",
+         + "|".join(c.gauge for c in conditions.GPU) + '"}[' + WIN + "]" + AT + "))",
          ("pci_bus_id", "condition"), "grew", "GPU {pci_bus_id}: {phrase}", "",
          job_labelled=False),
     counting("read_errors", 4, "tracehound_io_read_errors_total", ("mountpoint",),
@@ -133,13 +134,14 @@ RULES: tuple[Rule, ...] = (
              "the application's own view of its verbs: the same limits as above, and a "
              "library or driver mismatch when the kernel saw no matching failure"),
     Rule("job_stalled", 4,
-         "max by ({by}) (max_over_time(tracehound_workload_stalled{" + JOB + "}[" + WIN + "]))",
+         "max by ({by}) (max_over_time(tracehound_workload_stalled{" + JOB + "}[" + WIN + "]" + AT
+         + "))",
          (), "grew", "the job's processes made no progress (no I/O, no network) while it was "
          "meant to run", "look for stopped processes (state T), a hung collective, or a "
          "dead peer; the node's /events has when it stalled and resumed"),
     Rule("stopped_processes", 4,
          "sum by ({by}) (max_over_time(tracehound_cgroup_processes{" + JOB
-         + ',state="stopped"}[' + WIN + "]))",
+         + ',state="stopped"}[' + WIN + "]" + AT + "))",
          (), "grew", "{value:g} process(es) of the job stopped (state T)",
          "something sent SIGSTOP (a debugger, a user's Ctrl-Z, a watchdog, a chaos run) and "
          "the job's other ranks wait on it; SIGCONT resumes it",
@@ -159,7 +161,7 @@ RULES: tuple[Rule, ...] = (
          # a node's own count holds every socket's: a busy healthy node
          # retransmits a few in minutes (10 in 10 min on the bench's cluster)
          LOSSY_LINK, floor=100, job_labelled=False),
-    Rule("slow_writes", 2, mean_latency("tracehound_io_write_latency_seconds", JOB, WIN),
+    Rule("slow_writes", 2, mean_latency("tracehound_io_write_latency_seconds", JOB, WIN, AT),
          ("mountpoint",), "outlier",
          "mean write latency {value_s} on {mountpoint}, {compared}",
          "look for a throttled cgroup (io.max, blkio), a degraded disk, or a shared file "

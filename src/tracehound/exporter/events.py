@@ -24,6 +24,7 @@ import logging
 import threading
 import urllib.parse
 from collections import deque
+from typing import Callable
 
 from ..logsink import EVENTS_LOGGER
 from .utf8 import valid_json
@@ -42,10 +43,30 @@ def event_class(event: dict) -> tuple[str, ...]:
     return tuple(str(event.get(f, ""))[:CLASS_VALUE_CHARS] for f in CLASS_FIELDS)
 
 
+class ScopeFilter(logging.Filter):
+    """Drops the events of cgroups outside the agent's --cgroup-scope (another
+    node's, where several agents share one host's cgroup tree), on every
+    sink of the events logger; an event of no cgroup (a GPU's) is kept."""
+
+    def __init__(self, in_scope: Callable[[str], bool]):
+        super().__init__()
+        self.in_scope = in_scope
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        try:
+            event = json.loads(record.getMessage())
+        except ValueError:
+            return True
+        cgroup = event.get("cgroup") if isinstance(event, dict) else None
+        return not isinstance(cgroup, str) or not cgroup or self.in_scope(cgroup)
+
+
 class EventLog(logging.Handler):
-    def __init__(self, capacity: int = DEFAULT_CAPACITY):
+    def __init__(self, capacity: int = DEFAULT_CAPACITY,
+                 in_scope: Callable[[str], bool] | None = None):
         super().__init__(level=logging.WARNING)
         self.capacity = capacity
+        self._scope = ScopeFilter(in_scope) if in_scope is not None else None
         self._events: dict[int, dict] = {}                  # seq -> event, oldest first
         self._classes: dict[tuple, deque[int]] = {}         # class -> its seqs, oldest first
         self._seq = 0
@@ -56,11 +77,15 @@ class EventLog(logging.Handler):
     def attach(self, name: str = EVENTS_LOGGER) -> "EventLog":
         self._logger = logging.getLogger(name)
         self._logger.addHandler(self)
+        if self._scope is not None:
+            self._logger.addFilter(self._scope)
         return self
 
     def detach(self) -> None:
         if self._logger is not None:
             self._logger.removeHandler(self)
+            if self._scope is not None:
+                self._logger.removeFilter(self._scope)
             self._logger = None
 
     def emit(self, record: logging.LogRecord) -> None:

@@ -21,7 +21,8 @@ class StallSubsystem(Subsystem):
         if c.stall_after_s > 0:
             interval = min(MAX_INTERVAL_S, max(MIN_INTERVAL_S, c.stall_after_s / 4))
             self.detector = StallDetector(StallConfig(c.stall_after_s, c.stall_cgroups, interval),
-                                          ctx.owners.root, ctx.progress, ctx.owners.workload)
+                                          ctx.owners.root, ctx.progress, ctx.owners.workload,
+                                          in_scope=ctx.owners.in_scope)
         else:
             self.reason = "off (--stall-after 0)"
 
