@@ -147,3 +147,49 @@ def test_nothing_abnormal_where_an_agent_was_blind_is_no_clean_bill(monkeypatch,
         monkeypatch.setattr(fleet, "explain", lambda *a, **k: got)
         assert cli.main(["explain", "41", "--prometheus", "http://prom:9090"]) == status
     capsys.readouterr()
+
+
+def test_node_mode_names_a_mean_latency_or_retransmissions_far_above_the_floor():
+    from tracehound.explain import node
+    mine = {"tracehound_io_write_latency_seconds_sum": [({"mountpoint": "/scratch"}, 8.16),
+                                                        ({"mountpoint": "/"}, 0.01)],
+            "tracehound_io_write_latency_seconds_count": [({"mountpoint": "/scratch"}, 100.0),
+                                                          ({"mountpoint": "/"}, 100.0)],
+            "tracehound_net_tcp_retransmits_total": [({"cgroup": "/a"}, 14000.0),
+                                                     ({"cgroup": "/b"}, 627.0)]}
+    got = {f.rule: f for f in node._far_above(mine, "n1")}
+    assert set(got) == {"slow_writes", "tcp_retransmits"}
+    assert got["slow_writes"].says == ("mean write latency 81.6 ms on /scratch, with no other "
+                                       "node of the job to compare")
+    assert got["tcp_retransmits"].value == 14627
+    # below floor x factor (15 ms, 30 retransmissions): nothing
+    calm = {"tracehound_io_write_latency_seconds_sum": [({"mountpoint": "/"}, 1.4)],
+            "tracehound_io_write_latency_seconds_count": [({"mountpoint": "/"}, 100.0)],
+            "tracehound_net_tcp_retransmits_total": [({}, 30.0)]}
+    assert node._far_above(calm, "n1") == []
+
+
+class Ranges:
+    """Prometheus's range answers: a count on node a that grew at t=1777,
+    sampled every second, seen by a trailing window of `window_s`."""
+
+    def __init__(self):
+        self.asked = []
+
+    def over(self, promql, start, end, step):
+        self.asked.append((start, end, step))
+        points, t = [], start
+        while t <= end:
+            points.append((t, 1.0 if t >= 1777 else 0.0))
+            t += step
+        return [({"node": "a", "signal": "KILL"}, points)]
+
+
+def test_a_long_jobs_since_is_refined_to_about_its_scrape():
+    kill = next(r for r in RULES if r.name == "killed_by_signal")
+    over = fleet.Over(span.Span(1000.0, 1000.0 + 3600, "slurm"))      # a 15 s step
+    ask = Ranges()
+    got = fleet._since(ask, kill, {"job": 'job_id="7"', "by": "node, signal"}, over, "node",
+                       alone=False)
+    assert got == {("a", "KILL"): pytest.approx(1777, abs=1.0)}
+    assert len(ask.asked) == 2 and ask.asked[0][2] == 15.0 and ask.asked[1][2] < 1.01

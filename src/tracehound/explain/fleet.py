@@ -19,6 +19,8 @@ from .rules import AT, RULES, WIN, Rule, compared, fill, grew
 
 SINCE_POINTS = 240              # a since's range query: the span in this many steps
 TRAILING_MIN_S = 60             # a count's growth is looked for over at least this
+FINE_STEP_S = 2.0               # a coarser since's step is refined (a job of over 8 min)
+REFINE_MAX = 3                  # distinct since times refined per rule
 
 # where an agent lost data it judges by, on the job's nodes over its span
 # (PromQL with {node}, {by}, {window}, {at}), and how it is said
@@ -222,8 +224,31 @@ def _since(ask: Asker, rule: Rule, values: dict, over: Over, label: str,
         held = ([(lb, v, None) for lb, v in rows if v > 0] if rule.kind == "grew"
                 else outliers(rule, rows, label, alone))
         for labels, _v, _r in held:
-            first.setdefault((labels.get(label, "?"), *(labels.get(k, "") for k in rule.by)), t)
+            first.setdefault(_key(labels, label, rule), t)
+    if rule.kind == "grew" and step > FINE_STEP_S:
+        _refine(ask, rule, values, over, label, first)
     return first
+
+
+def _key(labels: dict, label: str, rule: Rule) -> tuple:
+    return (labels.get(label, "?"), *(labels.get(k, "") for k in rule.by))
+
+
+def _refine(ask: Asker, rule: Rule, values: dict, over: Over, label: str,
+            first: dict) -> None:
+    """A count's since to about its scrape, not the coarse step of a long job:
+    it grew within the step before its coarse since, asked again there at a
+    fine step (one range query per distinct since, a few at most)."""
+    for coarse in sorted(set(first.values()))[:REFINE_MAX]:
+        start = max(over.span.start, coarse - over.step)
+        fine = max((coarse - start) / SINCE_POINTS, 1.0)
+        promql = fill(rule.expr, window=f"{math.ceil(max(fine, TRAILING_MIN_S))}s", at="",
+                      **values)
+        for labels, points in ask.over(promql, start, coarse, fine):
+            key = _key(labels, label, rule)
+            held = [t for t, v in points if v == v and v > 0]
+            if first.get(key) == coarse and held:
+                first[key] = min(held)
 
 
 def _blind(ask: Asker, node_sel: str, over: Over, label: str) -> list[dict]:

@@ -13,7 +13,9 @@ over a window. Some rules read something else:
                the gauges now (is it stalled, is a GPU unfit; not was it).
 
 The comparing rules (one node unlike the job's others) need the other
-nodes: fleet mode only. Two reads of the agent: /metrics, /events.
+nodes: here a job's mean write latency per mount and its sockets'
+retransmissions count only far above the rule's floor, as fleet mode judges
+a job on one node. Two reads of the agent: /metrics, /events.
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ from ..conditions import BY_GAUGE as CONDITION_GAUGES
 from .answer import (JOB_ID, PRESENCE, Answer, ExplainError, Finding, judged, rank, seconds,
                      valid_window, xid_verdict)
 from . import span
-from .rules import RULES, Rule
+from .rules import RULES, Rule, compared
 
 # what node mode reads at most of each page: a busy node's /metrics is tens
 # of MB; the job's series are a small part, but they are spread over it
@@ -65,6 +67,7 @@ def explain_node(url: str, job: str, window: str | None = None, node: str | None
         for rule in RULES:
             if rule.metric and rule.job_labelled:
                 answer.findings += _counted(rule, mine.get(rule.metric, []), node)
+        answer.findings += _far_above(mine, node)
         answer.findings += _stalled(mine.get("tracehound_workload_stalled", []), node)
         answer.findings += _unfit(samples.get("tracehound_gpu_health", []), node)
         events_url = metrics_url.removesuffix("/metrics") + "/events?kind=xid"
@@ -119,6 +122,31 @@ def _counted(rule: Rule, rows: list, node: str) -> list[Finding]:
             severity, action, more = judged(rule, words)
             out.append(Finding(rule.name, severity, node, words, round(value, 6),
                                rule.says.format(value=value, **words, **more), action))
+    return out
+
+
+def _far_above(mine: dict, node: str) -> list[Finding]:
+    """The comparing rules of the job's own series with no other node to
+    compare: as fleet mode judges a job alone, a value far above the rule's
+    floor (floor x factor), over the job's life on this node."""
+    out = []
+    slow = next(r for r in RULES if r.name == "slow_writes")
+    per_mount: dict[str, list[float]] = {}
+    for part, i in (("_sum", 0), ("_count", 1)):
+        for labels, value in mine.get("tracehound_io_write_latency_seconds" + part, []):
+            per_mount.setdefault(labels.get("mountpoint", ""), [0.0, 0.0])[i] += value
+    for mount, (total, count) in sorted(per_mount.items()):
+        mean = total / count if count > 0 else 0.0
+        if mean > slow.floor * slow.factor:
+            out.append(Finding(slow.name, slow.severity, node, {"mountpoint": mount},
+                               round(mean, 6), slow.says.format(
+                                   value=mean, value_s=f"{mean * 1000:.1f} ms", mountpoint=mount,
+                                   compared=compared(None)), slow.action))
+    tcp = next(r for r in RULES if r.name == "tcp_retransmits")
+    sent = sum(v for _lb, v in mine.get("tracehound_net_tcp_retransmits_total", []))
+    if sent > tcp.floor * tcp.factor:
+        out.append(Finding(tcp.name, tcp.severity, node, {}, sent,
+                           tcp.says.format(value=sent, compared=compared(None)), tcp.action))
     return out
 
 
