@@ -47,7 +47,7 @@ def test_latency_answers_from_either_histogram_form(prometheus, cgroup_root,  # 
     assert bool(buckets) == (form == "classic"), (form, buckets)
     # explain's slow_writes: the mean write latency of the cgroup on the mount
     rule = next(r for r in RULES if r.name == "slow_writes")
-    rows = query(prometheus, fill(rule.expr, job=f'cgroup="{cgroup}"', window="1m",
+    rows = query(prometheus, fill(rule.expr, job=f'cgroup="{cgroup}"', window="1m", at="",
                                   by="cgroup, mountpoint"))
     means = {s.labels.get("mountpoint"): s.value for s in rows}
     assert 0 < means.get(mount_of(tmpfs), 0) < 1, means
