@@ -33,7 +33,6 @@ from tests.cluster.test_job_io import poll
 from tests.conftest import tracehound_cmd
 from tests.kernel.test_gpu_kmsg import write_kmsg
 from tracehound.clients import prometheus
-from tracehound.explain import span
 from tracehound.host.procs import proc_cgroups
 from tracehound.chaos.faults.io_space import mount_of
 
@@ -106,10 +105,11 @@ def on_node(cluster, job_id: str, node: str, *extra: str) -> dict:
 
 def answer(cluster, url: str, job_id: str, env=None) -> dict:
     done = explain(cluster, url, job_id, "--json", env=env)
+    assert done.returncode in (0, 3), done.stdout + done.stderr
+    got = json.loads(done.stdout)
     # 3: nothing judged yet (the job's first series not scraped yet)
-    assert done.returncode == (0 if json.loads(done.stdout)["nodes"] else 3), \
-        done.stdout + done.stderr
-    return json.loads(done.stdout)
+    assert done.returncode == (0 if got["nodes"] else 3), done.stdout + done.stderr
+    return got
 
 
 def test_a_killed_rank_is_the_first_finding_on_its_node_and_before_it_nothing_is(
@@ -196,6 +196,9 @@ def test_a_throttled_rank_is_the_jobs_slow_node_and_gets_its_cgroup_back(
             else None)(answer(cluster, fleet_prometheus, job.id)), "the job writing on 3 nodes")
         # nothing: an earlier test's XID on one of its nodes came before this job did
         assert writing["findings"] == [], writing["findings"]
+        # each node's own agent counts the same writes the fleet's Prometheus has
+        local = on_node(cluster, job.id, cluster.nodes[0], "--json")
+        assert local["activity"][cluster.nodes[0]]["write_bytes"] > 0, local
 
         victim = cluster.nodes[2]
         blkio_before = proc_cgroups(job.pids[victim])["blkio"]
@@ -219,7 +222,7 @@ def test_a_throttled_rank_is_the_jobs_slow_node_and_gets_its_cgroup_back(
         assert (first["rule"], first["node"], first["labels"]) == \
             ("slow_writes", victim, {"mountpoint": mount_of(data)}), after["findings"]
         # since it parted from the other nodes, not since it first wrote (the
-        # range query's steps are 2.5 s apart over a 5 min window)
+        # range query's steps are a second apart over the job's short life)
         assert first["outlier"] and first["since"] >= started - 2.5, (first, started)
         assert "the job's other nodes" in first["says"], first["says"]
         assert {f["node"] for f in own(after)} == {victim}, after["findings"]
@@ -343,20 +346,26 @@ def test_a_nodes_xid_before_the_job_came_or_after_it_left_is_not_the_jobs(
     # after: the job ended, then an XID on another of its nodes
     job.end()
     logged_xid(cluster, fleet_prometheus, second, 94)
-    ended = answer(cluster, fleet_prometheus, job.id)
+    # scancel's TERM to every rank is how it ended, not what went wrong (once
+    # every node's exits are scraped: an agent exports them as it retires
+    # the job's cgroups)
+    ended = poll(lambda: (lambda a: a if a["ended_by"] else None)(
+        answer(cluster, fleet_prometheus, job.id)), "the job's end on every node")
     assert (ended["span_source"], ended["running"], ended["nodes"]) == \
         ("slurm", False, cluster.nodes), ended
+    assert ended["ended_by"].startswith("SIGTERM to its processes on every node"), ended
     assert ended["findings"] == [], ended["findings"]
 
     # where Slurm cannot say (no squeue or sacct here: the job is read from
-    # its series), once the series that go with its cgroups are gone
-    live = "|".join(span.LIVE)
-    poll(lambda: not prometheus.query(fleet_prometheus, f'group({{__name__=~"{live}",'
-                                                        f'job_id="{job.id}"}})'),
-         "the job's series gone")
-    late = logged_xid(cluster, fleet_prometheus, third, 94)
+    # its series), once its series say it ended (the agents export a removed
+    # cgroup's counters once more at their retirement: the last of them, not
+    # the first gap, is the end)
     blind_to_slurm = {**cluster.env(), "PATH": str(tmp_path / "no-slurm")}
+    poll(lambda: (lambda a: a if not a["running"] else None)(
+        answer(cluster, fleet_prometheus, job.id, env=blind_to_slurm)), "the job's series ended")
+    late = logged_xid(cluster, fleet_prometheus, third, 94)
     series = answer(cluster, fleet_prometheus, job.id, env=blind_to_slurm)
     assert (series["span_source"], series["nodes"]) == ("series", cluster.nodes), series
-    assert series["end"] <= late and abs(series["start"] - ended["start"]) < 60, series
+    assert series["end"] <= late, (series, late)
+    assert abs(series["start"] - ended["start"]) < 60, series
     assert [f for f in series["findings"] if f["node"] == third] == [], series["findings"]

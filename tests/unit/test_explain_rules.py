@@ -131,18 +131,21 @@ def test_node_mode_names_the_gpu_conditions_that_hold_now():
 
 def test_every_rule_is_asked_over_the_jobs_span_and_no_other_time():
     # an XID an hour before the job, or a minute after it, is the node's, not
-    # the job's: each range ends at the job's end and is as long as the job
+    # the job's: the node's series are asked from the second after Slurm's
+    # whole-second start to the job's end; the job's own, nobody else's, until
+    # 150 s after it (what its end counted is scraped after it)
     ask = Judged([])
     for rule in RULES:
         fleet._judge(ask, rule, 'job_id="7"', 'node=~"a|b"', OVER, "node", alone=False)
     assert len(ask.asked) == len(RULES)
-    for promql in ask.asked:
+    for rule, promql in zip(RULES, ask.asked):
+        length, end = ("450000ms", "1450.000") if rule.job_labelled else ("299000ms", "1300.000")
         ranges = re.findall(r"\[([^\]]+)\]( @ [0-9.]+)?", promql)
-        assert ranges and all(r == ("300s", " @ 1300.000") for r in ranges), promql
+        assert ranges and all(r == (length, f" @ {end}") for r in ranges), promql
         # a count's value before the job is read at the job's start
-        assert " offset" not in promql or " @ 1300.000 offset 300s" in promql, promql
+        assert " offset" not in promql or f" @ {end} offset {length}" in promql, promql
     xid = next(q for q in ask.asked if "gpu_xid" in q)
-    assert 'tracehound_gpu_xid_errors_total{node=~"a|b"} @ 1300.000 offset 300s' in xid
+    assert 'tracehound_gpu_xid_errors_total{node=~"a|b"} @ 1300.000 offset 299000ms' in xid
 
 
 def test_an_outlier_is_one_since_it_parted_from_the_others_not_since_it_wrote():

@@ -115,7 +115,7 @@ class Instant:
 
 
 def test_a_node_label_no_series_has_is_an_error_not_nothing_known():
-    over = fleet.Over(span.Span(NOW - 60, NOW, "slurm"))
+    over = fleet.Over(span.Span(NOW - 60, NOW, "slurm"), now=NOW)
     ask = Instant([({"instance": "a:9560"}, 1.0)], [({}, 1.0)])
     with pytest.raises(answer.ExplainError, match="carry no label 'node'"):
         fleet._nodes(ask, 'job_id="41"', over, "node")
@@ -124,7 +124,7 @@ def test_a_node_label_no_series_has_is_an_error_not_nothing_known():
 
 
 def test_data_an_agent_lost_in_the_jobs_span_is_named_with_its_node():
-    over = fleet.Over(span.Span(NOW - 60, NOW, "slurm"))
+    over = fleet.Over(span.Span(NOW - 60, NOW, "slurm"), now=NOW)
     ask = Instant([({"node": "n2", "blind": "map_full", "map": "io_stats"}, 18988.0),
                    ({"node": "n1", "blind": "map_full", "map": "io_stats"}, 0.0),
                    ({"node": "n3", "blind": "not_scraped"}, 1.0)])
@@ -133,7 +133,7 @@ def test_data_an_agent_lost_in_the_jobs_span_is_named_with_its_node():
                     "says": "18988 updates lost: the agent's io_stats map was full"},
                    {"node": "n3", "what": "not_scraped", "says": fleet.BLIND["not_scraped"][1]}]
     [promql] = ask.asked
-    assert promql.count("label_replace(") == len(fleet.BLIND) and "[60s] @ " in promql
+    assert promql.count("label_replace(") == len(fleet.BLIND) and "[60000ms] @ " in promql
 
 
 def test_nothing_abnormal_where_an_agent_was_blind_is_no_clean_bill(monkeypatch, capsys):
@@ -187,9 +187,43 @@ class Ranges:
 
 def test_a_long_jobs_since_is_refined_to_about_its_scrape():
     kill = next(r for r in RULES if r.name == "killed_by_signal")
-    over = fleet.Over(span.Span(1000.0, 1000.0 + 3600, "slurm"))      # a 15 s step
+    over = fleet.Over(span.Span(1000.0, 1000.0 + 3600, "slurm"), now=4600.0)   # a 15 s step
     ask = Ranges()
     got = fleet._since(ask, kill, {"job": 'job_id="7"', "by": "node, signal"}, over, "node",
                        alone=False)
     assert got == {("a", "KILL"): pytest.approx(1777, abs=1.0)}
     assert len(ask.asked) == 2 and ask.asked[0][2] == 15.0 and ask.asked[1][2] < 1.01
+
+
+def test_a_completing_job_has_ended_when_slurm_says():
+    got = span.parse_slurm_line(f"41|{int(NOW) - 600}|{int(NOW) - 5}|COMPLETING", "41", NOW)
+    assert got == span.Span(NOW - 600, NOW - 5, "slurm", running=False)
+
+
+def test_a_job_shorter_than_slurms_second_has_no_node_time_of_its_own():
+    xid = next(r for r in RULES if r.name == "gpu_xid")
+    over = fleet.Over(span.Span(NOW - 0.6, NOW, "slurm"), now=NOW)
+    assert over.node_empty
+    assert fleet._judge(Instant(), xid, 'job_id="41"', 'node=~"n1"', over, "node",
+                        alone=True) == []
+
+
+def test_a_signal_on_every_node_at_an_ended_jobs_end_is_how_it_ended_not_a_fault():
+    def kill(node, signal, since):
+        return answer.Finding("killed_by_signal", 4, node, {"signal": signal}, 1, "x", "y",
+                              since=since)
+    ended = span.Span(NOW - 600, NOW - 100, "series")
+    a = answer.Answer("41", "its life", ["n1", "n2"],
+                      findings=[kill("n1", "TERM", NOW - 99), kill("n2", "TERM", NOW - 98),
+                                kill("n2", "KILL", NOW - 400)])
+    fleet._set_apart_the_end(a, ended)
+    assert [(f.node, f.labels["signal"]) for f in a.findings] == [("n2", "KILL")]
+    assert a.ended_by.startswith("SIGTERM to its processes on every node")
+    assert "  ended: SIGTERM" in render.text(a, "http://prom:9090")
+    # on one node only, or while the job runs: a finding
+    for found, nodes in ((ended, ["n1", "n2", "n3"]), (span.Span(NOW - 600, NOW, "slurm",
+                                                                  running=True), ["n1", "n2"])):
+        b = answer.Answer("41", "its life", nodes, findings=[kill("n1", "TERM", NOW - 99),
+                                                              kill("n2", "TERM", NOW - 98)])
+        fleet._set_apart_the_end(b, found)
+        assert len(b.findings) == 2 and b.ended_by is None

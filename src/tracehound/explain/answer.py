@@ -57,6 +57,8 @@ class Answer:
     running: bool = False
     # where an agent lost data the rules judge by: {node, what, says}
     blind: list[dict] = field(default_factory=list)
+    # how an ended job was ended, when that was a signal on every node (fleet.py)
+    ended_by: str | None = None
     # --timeline: signal -> node -> one value per column (timeline.py)
     timeline: dict[str, dict[str, list]] = field(default_factory=dict)
     timeline_start: float = 0.0

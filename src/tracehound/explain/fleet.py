@@ -18,6 +18,11 @@ from . import span, timeline
 from .rules import AT, RULES, WIN, Rule, compared, fill, grew
 
 SINCE_POINTS = 240              # a since's range query: the span in this many steps
+SLURM_GRAIN_S = 1.0             # squeue and sacct say when in whole seconds
+JOB_TAIL_S = 150.0              # the job's series after its end: exits retire 120 s after
+# how a job is ended: Slurm's TERM, then its KILL KillWait later (30 s by default)
+END_SIGNALS = ("TERM", "KILL")
+END_BURST_S = 35.0
 TRAILING_MIN_S = 60             # a count's growth is looked for over at least this
 FINE_STEP_S = 2.0               # a coarser since's step is refined (a job of over 8 min)
 REFINE_MAX = 3                  # distinct since times refined per rule
@@ -103,21 +108,69 @@ def _judge_all(ask: Asker, answer: Answer, found: span.Span, job_sel: str, label
         answer.findings += _judge(ask, rule, job_sel, node_sel, over, label,
                                   alone=len(answer.nodes) == 1)
     answer.blind = _blind(ask, node_sel, over, label)
+    _set_apart_the_end(answer, found)
     if with_timeline:
         _timeline(ask, answer, job_sel, node_sel, found, label)
 
 
-class Over:
-    """A rule's range and evaluation time: the job's span, ending at its end."""
+def _set_apart_the_end(answer: Answer, found: span.Span) -> None:
+    """A job that ended with its processes killed by one signal on every one
+    of its nodes, in its last moments, was ended (scancel, its time limit,
+    the nodes' shutdown): that is how it ended, said apart, not a fault."""
+    if found.running:
+        return
+    last = [f for f in answer.findings if f.rule == "killed_by_signal" and f.since is not None
+            and f.labels.get("signal") in END_SIGNALS and f.since >= found.end - END_BURST_S]
+    for signal in sorted({f.labels["signal"] for f in last}):
+        theirs = [f for f in last if f.labels["signal"] == signal]
+        if {f.node for f in theirs} == set(answer.nodes):
+            answer.findings = [f for f in answer.findings if f not in theirs]
+            answer.ended_by = (f"SIG{signal} to its processes on every node in its last "
+                               "moments (a scancel, its time limit, or the nodes' shutdown)")
 
-    def __init__(self, found: span.Span):
+
+class Over:
+    """A rule's range and evaluation time: the job's span, ending at its end.
+
+    The job's own series are asked until a tail after its end: they are
+    nobody else's, and what the job's last moments counted (an OOM kill
+    that ended it) is scraped after Slurm's end, exits up to their
+    retirement later. The node's own series end at the job's end, and begin
+    a second after Slurm's start (its times are whole seconds: an XID in
+    the job's first second may have come before it)."""
+
+    def __init__(self, found: span.Span, now: float | None = None):
         self.span = found
-        self.window = f"{math.ceil(found.seconds)}s"
-        self.at = f" @ {found.end:.3f}"
+        now = time.time() if now is None else now
+        self.job_end = max(found.end, min(found.end + JOB_TAIL_S, now))
+        grain = SLURM_GRAIN_S if found.source == "slurm" else 0.0
+        self._ends = {"job": (found.start, self.job_end), "node": (found.start + grain, found.end)}
         self.step = max(found.seconds / SINCE_POINTS, 1.0)
 
-    def fill(self, expr: str, **values: str) -> str:
-        return fill(expr, window=self.window, at=self.at, **values)
+    def fill(self, expr: str, level: str = "job", **values: str) -> str:
+        start, end = self._ends[level]
+        return fill(expr, window=_ms(end - start), at=f" @ {end:.3f}", **values)
+
+    @property
+    def node_empty(self) -> bool:
+        """A job that ran less than Slurm's grain: no node time is surely its."""
+        start, end = self._ends["node"]
+        return end <= start
+
+    def rule(self, rule: Rule, **values: str) -> str:
+        return self.fill(rule.expr, "job" if rule.job_labelled else "node", **values)
+
+    def points(self, node_level: bool) -> tuple[float, float]:
+        """A range query's first and last point: counted back from the end,
+        so the last is the time the rules were asked at (a sample scraped
+        just before the end falls between points counted from the start)."""
+        start, end = self._ends["node" if node_level else "job"]
+        return end - math.ceil(max(end - start, 1.0) / self.step) * self.step, end
+
+
+def _ms(seconds: float) -> str:
+    """A PromQL duration of SECONDS to the millisecond."""
+    return f"{max(round(seconds * 1000), 1)}ms"
 
 
 def _timeline(ask: Asker, answer: Answer, job_sel: str, node_sel: str, found: span.Span,
@@ -133,8 +186,8 @@ def _timeline(ask: Asker, answer: Answer, job_sel: str, node_sel: str, found: sp
 
 def _nodes(ask: Asker, job_sel: str, over: Over, label: str) -> list[str]:
     def present(by: str) -> str:
-        return " or ".join(f"group{by} (last_over_time({m}{{{job_sel}}}[{over.window}]"
-                           f"{over.at}))" for m in PRESENCE)
+        return " or ".join(over.fill(f"group{by} (last_over_time({m}{{{job_sel}}}[{{window}}]"
+                                     "{at}))") for m in PRESENCE)
     nodes = sorted({s.labels.get(label, "") for s in ask.now(present(f" by ({label})"))} - {""})
     if not nodes and ask.now(present("")):
         raise ExplainError(f"the job's series carry no label {label!r}: --node-label names the "
@@ -153,10 +206,13 @@ def _activity(ask: Asker, job_sel: str, over: Over, label: str) -> dict:
 
 def _judge(ask: Asker, rule: Rule, job_sel: str, node_sel: str, over: Over,
            label: str, alone: bool) -> list[Finding]:
+    if not rule.job_labelled and over.node_empty:
+        return []
     by = ", ".join((label, *rule.by))
     values = {"job": job_sel if rule.job_labelled else node_sel, "node": node_sel, "by": by}
-    rows = [(s.labels, s.value) for s in ask.now(over.fill(rule.expr, **values))
+    rows = [(s.labels, s.value) for s in ask.now(over.rule(rule, **values))
             if s.value == s.value]   # not NaN
+
     if rule.kind == "grew":
         held = [(labels, value, None) for labels, value in rows if value > 0]
     else:
@@ -214,7 +270,8 @@ def _since(ask: Asker, rule: Rule, values: dict, over: Over, label: str,
     trailing = max(step, TRAILING_MIN_S) if rule.kind == "grew" else over.span.seconds
     promql = fill(rule.expr, window=f"{math.ceil(trailing)}s", at="", **values)
     at: dict[float, list] = {}
-    for labels, points in ask.over(promql, over.span.start, over.span.end, step):
+    first_point, end = over.points(not rule.job_labelled)
+    for labels, points in ask.over(promql, first_point, end, step):
         for t, v in points:
             if v == v:          # not NaN
                 at.setdefault(t, []).append((labels, v))
@@ -226,7 +283,7 @@ def _since(ask: Asker, rule: Rule, values: dict, over: Over, label: str,
         for labels, _v, _r in held:
             first.setdefault(_key(labels, label, rule), t)
     if rule.kind == "grew" and step > FINE_STEP_S:
-        _refine(ask, rule, values, over, label, first)
+        _refine(ask, rule, values, over, label, first, first_point)
     return first
 
 
@@ -235,13 +292,13 @@ def _key(labels: dict, label: str, rule: Rule) -> tuple:
 
 
 def _refine(ask: Asker, rule: Rule, values: dict, over: Over, label: str,
-            first: dict) -> None:
+            first: dict, first_point: float) -> None:
     """A count's since to about its scrape, not the coarse step of a long job:
     it grew within the step before its coarse since, asked again there at a
     fine step (one range query per distinct since, a few at most)."""
     for coarse in sorted(set(first.values()))[:REFINE_MAX]:
-        start = max(over.span.start, coarse - over.step)
-        fine = max((coarse - start) / SINCE_POINTS, 1.0)
+        fine = max(over.step / SINCE_POINTS, 1.0)
+        start = coarse - math.ceil(min(over.step, coarse - first_point) / fine) * fine
         promql = fill(rule.expr, window=f"{math.ceil(max(fine, TRAILING_MIN_S))}s", at="",
                       **values)
         for labels, points in ask.over(promql, start, coarse, fine):

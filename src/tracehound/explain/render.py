@@ -73,6 +73,8 @@ def _lines(answer: Answer, url: str, with_timeline: bool) -> list[str]:
                                answer.findings)
     if answer.mode == "node":
         lines.append("  (one node alone: a node unlike the job's others needs --prometheus)")
+    if answer.ended_by:
+        lines.append(f"  ended: {answer.ended_by}")
     for b in answer.blind:
         lines.append(f"  blind in part: {b['node']}: {b['says']}")
     if not answer.findings:

@@ -77,7 +77,8 @@ def parse_slurm_line(text: str, job: str, now: float) -> Span | None:
         start, end, state = parts[1], parts[2], parts[3].split()[0] if parts[3] else ""
         if not start.isdigit() or int(start) == 0 or state == "PENDING":
             return None
-        running = state in ("RUNNING", "SUSPENDED", "COMPLETING", "CONFIGURING")
+        # COMPLETING: ended (its end time set), its epilog still running
+        running = state in ("RUNNING", "SUSPENDED", "CONFIGURING")
         ends = now if running or not end.isdigit() or int(end) == 0 else min(float(end), now)
         return Span(float(start), max(ends, float(start)), "slurm", running)
     return None
@@ -127,8 +128,10 @@ def from_series(ask, job_sel: str, now: float, search_s: float = SEARCH_S) -> Sp
     coarse = _edges(_present_at(ask, job_sel, now - search_s, now, step))
     if coarse is None:
         return None
-    # a sample shows at each step until its staleness: the edge is within a step
-    fine_step = max(2 * step / COARSE_POINTS, 1.0)
+    # a sample shows at each step until its staleness: the edge is within a
+    # step of the coarse one, found at a second's (at most 2 x COARSE_POINTS
+    # points of one series each)
+    fine_step = 1.0
     first = _edges(_present_at(ask, job_sel, coarse[0] - step, min(coarse[0] + step, now),
                                fine_step))
     last = _edges(_present_at(ask, job_sel, coarse[1] - step, min(coarse[1] + step, now),
@@ -149,7 +152,6 @@ def of_job(ask, job: str, job_sel: str, window_s: float | None, now: float | Non
         span = from_series(ask, job_sel, now, window_s or SEARCH_S)
     if span is None:
         return None
-    span = span.cut(window_s, now)
-    if span.end <= span.start:
+    if window_s is not None and span.end <= now - window_s:
         raise ExplainError(f"job {job} ended before the last {window_s:g} s")
-    return span
+    return span.cut(window_s, now)
