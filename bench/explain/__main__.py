@@ -311,6 +311,9 @@ def main() -> int:
     result = {"faults": [], "clean": [], "late": []}
     try:
         cluster.up(before_slurmd=agents.start_all, timeout=120)
+        # explain runs in this process: Slurm's clients find the cluster as an
+        # operator's host finds its own
+        os.environ["SLURM_CONF"] = cluster.conf
         mount_scratch(cluster, work)
         addr = cluster.state["addr_of"]
         config = {"global": {"scrape_interval": f"{args.scrape:g}s"},

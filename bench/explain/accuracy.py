@@ -12,11 +12,14 @@ from __future__ import annotations
 import shutil
 import tempfile
 
-from bench.explain.faults import (FAULTS, end_job, job_writing, others, rank_of, start_job,
-                                  top_line)
+from bench.explain.faults import (FAULTS, detail, end_job, job_writing, others, rank_of,
+                                  start_job, top_line)
+from tracehound import conditions
 from tracehound.clients import prometheus
 
-UNFIT = 'max(tracehound_gpu_health{condition="recent_fatal_xid"})'
+# any GPU condition of any node: the clean jobs start once none holds
+UNFIT = ('max(tracehound_gpu_health{condition=~"'
+         + "|".join(c.gauge for c in conditions.GPU if c.gauge) + '"})')
 
 
 def clean_jobs(cluster, url: str, explain, until, work: str, count: int) -> list[dict]:
@@ -35,7 +38,8 @@ def clean_jobs(cluster, url: str, explain, until, work: str, count: int) -> list
                 answer = explain(url, job)
                 rows.append({"job": job, "findings": [f"{f.rule}@{f.node}"
                                                       for f in answer.findings],
-                             "seconds": answer.seconds, "span_source": answer.span_source})
+                             "seconds": answer.seconds, "span_source": answer.span_source,
+                             "detail": detail(answer)})
             finally:
                 end_job(cluster, name, proc)
             print(f"clean job {job}: {len(rows[-1]['findings'])} finding(s)", flush=True)
@@ -53,7 +57,8 @@ def ask_again(url: str, explain, result: dict) -> list[dict]:
     for kind, job in jobs:
         answer = explain(url, job)
         row = {"kind": kind, "job": job, "span_source": answer.span_source,
-               "seconds": answer.seconds, "nodes": len(answer.nodes)}
+               "seconds": answer.seconds, "nodes": len(answer.nodes),
+               "ended_by": answer.ended_by, "detail": detail(answer)}
         if kind == "fault":
             fault = next(r for r in result["faults"] if r["job"] == job)
             row.update(fault=fault["fault"], rank=rank_of(answer, fault["rules"], fault["node"]),

@@ -104,7 +104,9 @@ FAULTS = (
      ("node_tcp_retransmits",), 2),
     ("ENOSPC", "job-io-fill.yaml", {"CHAOS_HOLD_SECONDS": "5"}, ("write_errors",), 1),
     ("OOM", None, {}, ("oom_kill",), 2),
-    ("fatal XID", "../gpu-xid.yaml", {"CHAOS_XID": "79"}, ("gpu_xid", "node_unfit"), 1),
+    # 74 (NVLink): fatal, its unfitness lasts the agent's window; 79 (fallen
+    # off the bus) would leave the GPU lost until a reset
+    ("fatal XID", "../gpu-xid.yaml", {"CHAOS_XID": "74"}, ("gpu_xid", "node_unfit"), 1),
 )
 POLL_S = 0.25       # how often the answer is asked while the fault goes in
 
@@ -204,7 +206,7 @@ def _one(cluster, url, explain, until, data, work, port, fault, experiment, env,
                 "rc": run.returncode if run else 0, "rank": rank_of(answer, rules, node),
                 "ranked_first_s": None if first_at is None else round(first_at - applied, 2),
                 "answer_s": answer.seconds, "top": top_line(answer),
-                "others": others(answer, rules, node),
+                "others": others(answer, rules, node), "detail": detail(answer),
                 "fleet_tail": output.strip().splitlines()[-1:] if run and run.returncode else []}
     finally:
         end_job(cluster, name, job_proc)
@@ -220,6 +222,12 @@ def rank_of(answer, rules, node) -> int | None:
 def others(answer, rules, node) -> list[str]:
     return [f"{f.rule}@{f.node}" for f in answer.findings
             if not (f.rule in rules and f.node == node)]
+
+
+def detail(answer) -> list[dict]:
+    """Each finding as the report's JSON keeps it: enough to tell why."""
+    return [{"rule": f.rule, "node": f.node, "labels": f.labels, "since": f.since,
+             "value": f.value} for f in answer.findings]
 
 
 def top_line(answer) -> str | None:

@@ -353,7 +353,8 @@ def test_a_nodes_xid_before_the_job_came_or_after_it_left_is_not_the_jobs(
         answer(cluster, fleet_prometheus, job.id)), "the job's end on every node")
     assert (ended["span_source"], ended["running"], ended["nodes"]) == \
         ("slurm", False, cluster.nodes), ended
-    assert ended["ended_by"].startswith("SIGTERM to its processes on every node"), ended
+    assert ended["ended_by"] == "SIGTERM to its processes in its last moments (Slurm: " \
+        "CANCELLED)", ended
     assert ended["findings"] == [], ended["findings"]
 
     # where Slurm cannot say (no squeue or sacct here: the job is read from

@@ -2,23 +2,26 @@
 when it could not judge: Slurm's lines read field by field, the job's first
 and last series found by range queries, the agents' lost data, the exit
 status. The same against real Slurm and Prometheus: tests/cluster/test_explain.py."""
+import re
+
 import pytest
 
 from tracehound import cli
 from tracehound.explain import answer, fleet, render, span
 from tracehound.explain.rules import RULES
 
-NOW = 1_000_000.0
+NOW = 1_800_000_000.0
 
 
 def test_a_running_job_runs_until_now_whatever_its_time_limit():
     got = span.parse_slurm_line(f"41|{int(NOW) - 600}|{int(NOW) + 3000}|RUNNING\n", "41", NOW)
-    assert got == span.Span(NOW - 600, NOW, "slurm", running=True)
+    assert got == span.Span(NOW - 600, NOW, "slurm", running=True, state="RUNNING")
 
 
 def test_an_ended_job_ends_when_slurm_says_and_other_jobs_lines_are_not_it():
     text = f"4|1|2|COMPLETED\n41|{int(NOW) - 600}|{int(NOW) - 60}|FAILED\n"
-    assert span.parse_slurm_line(text, "41", NOW) == span.Span(NOW - 600, NOW - 60, "slurm")
+    assert span.parse_slurm_line(text, "41", NOW) == span.Span(NOW - 600, NOW - 60, "slurm",
+                                                               state="FAILED")
     assert span.parse_slurm_line(text, "5", NOW) is None
 
 
@@ -35,7 +38,7 @@ def test_squeue_first_then_sacct_then_nothing(monkeypatch):
         asked.append(argv[0])
         return "41|100|200|COMPLETED" if argv[0] == "sacct" else None
     monkeypatch.setattr(span, "_run", run)
-    assert span.from_slurm("41", NOW) == span.Span(100.0, 200.0, "slurm")
+    assert span.from_slurm("41", NOW) == span.Span(100.0, 200.0, "slurm", state="COMPLETED")
     assert asked == ["squeue", "sacct"]
 
 
@@ -51,11 +54,14 @@ class Present:
     def over(self, promql, start, end, step):
         self.asked += 1
         assert 'job_id="41"' in promql and '"kind", "live"' in promql
+        # last_over_time(...[Ns]): a point sees a sample within N s before it
+        lookback = re.search(r"\[(\d+)s\]", promql)
+        window = int(lookback.group(1)) if lookback else 0
         out = []
         for kind, until in (("live", self.last), ("exits", self.exits_until)):
             points, t = [], start
             while until is not None and t <= end:
-                if self.first <= t <= until:
+                if self.first <= t and t - window <= until:
                     points.append((t, 1.0))
                 t += step
             out += [({"kind": kind}, points)] if points else []
@@ -71,13 +77,20 @@ def test_the_series_give_a_finished_job_its_first_and_last_second():
     assert (got.source, got.running) == ("series", False)
 
 
+def test_a_job_shorter_than_the_coarse_step_is_found_too():
+    ask = Present(NOW - 86400 + 0.4, NOW - 86400 + 30.4)         # 30 s, a day ago
+    got = span.from_series(ask, 'job_id="41"', NOW)
+    assert abs(got.start - ask.first) <= 1 and abs(got.end - ask.last) <= 1, got
+
+
 def test_the_series_of_a_running_job_run_until_now():
     got = span.from_series(Present(NOW - 3000, NOW), 'job_id="41"', NOW)
     assert NOW - got.end <= 3 and got.running and abs(got.start - (NOW - 3000)) <= 3
 
 
 def test_no_series_no_span_and_the_window_cuts_the_span_to_its_last_part():
-    assert span.from_series(Present(0, 1), 'job_id="41"', NOW) is None
+    old = NOW - 20 * 86400                  # beyond the 15 days searched
+    assert span.from_series(Present(old, old + 60), 'job_id="41"', NOW) is None
     whole = span.Span(NOW - 7200, NOW - 60, "slurm")
     assert whole.cut(3600, NOW) == span.Span(NOW - 3600, NOW - 60, "slurm")
     assert whole.cut(None, NOW) == whole
@@ -197,7 +210,7 @@ def test_a_long_jobs_since_is_refined_to_about_its_scrape():
 
 def test_a_completing_job_has_ended_when_slurm_says():
     got = span.parse_slurm_line(f"41|{int(NOW) - 600}|{int(NOW) - 5}|COMPLETING", "41", NOW)
-    assert got == span.Span(NOW - 600, NOW - 5, "slurm", running=False)
+    assert got == span.Span(NOW - 600, NOW - 5, "slurm", running=False, state="COMPLETING")
 
 
 def test_a_job_shorter_than_slurms_second_has_no_node_time_of_its_own():
@@ -218,7 +231,8 @@ def test_a_signal_on_every_node_at_an_ended_jobs_end_is_how_it_ended_not_a_fault
                                 kill("n2", "KILL", NOW - 400)])
     fleet._set_apart_the_end(a, ended)
     assert [(f.node, f.labels["signal"]) for f in a.findings] == [("n2", "KILL")]
-    assert a.ended_by.startswith("SIGTERM to its processes on every node")
+    assert a.ended_by == ("SIGTERM to its processes in its last moments (on every node: a "
+                          "scancel, its time limit or a shutdown)")
     assert "  ended: SIGTERM" in render.text(a, "http://prom:9090")
     # on one node only, or while the job runs: a finding
     for found, nodes in ((ended, ["n1", "n2", "n3"]), (span.Span(NOW - 600, NOW, "slurm",
@@ -227,3 +241,13 @@ def test_a_signal_on_every_node_at_an_ended_jobs_end_is_how_it_ended_not_a_fault
                                                               kill("n2", "TERM", NOW - 98)])
         fleet._set_apart_the_end(b, found)
         assert len(b.findings) == 2 and b.ended_by is None
+    # a rank the OOM killer took gets no TERM: the other nodes' is the end
+    oom = answer.Finding("oom_kill", 5, "n3", {}, 1, "x", "y", since=NOW - 300)
+    c = answer.Answer("41", "its life", ["n1", "n2", "n3"],
+                      findings=[oom, kill("n1", "TERM", NOW - 99), kill("n2", "TERM", NOW - 98)])
+    fleet._set_apart_the_end(c, ended)
+    assert c.findings == [oom] and c.ended_by
+    # Slurm says it cancelled the job: its TERM, wherever it landed, is the end
+    d = answer.Answer("41", "its life", ["n1", "n2"], findings=[kill("n1", "TERM", NOW - 99)])
+    fleet._set_apart_the_end(d, span.Span(NOW - 600, NOW - 100, "slurm", state="CANCELLED"))
+    assert d.findings == [] and d.ended_by.endswith("(Slurm: CANCELLED)")

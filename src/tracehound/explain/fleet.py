@@ -23,6 +23,8 @@ JOB_TAIL_S = 150.0              # the job's series after its end: exits retire 1
 # how a job is ended: Slurm's TERM, then its KILL KillWait later (30 s by default)
 END_SIGNALS = ("TERM", "KILL")
 END_BURST_S = 35.0
+# Slurm's states of a job it (or a user through it) ended
+ENDED_BY_SLURM = frozenset({"CANCELLED", "TIMEOUT", "PREEMPTED", "DEADLINE", "NODE_FAIL"})
 TRAILING_MIN_S = 60             # a count's growth is looked for over at least this
 FINE_STEP_S = 2.0               # a coarser since's step is refined (a job of over 8 min)
 REFINE_MAX = 3                  # distinct since times refined per rule
@@ -114,19 +116,26 @@ def _judge_all(ask: Asker, answer: Answer, found: span.Span, job_sel: str, label
 
 
 def _set_apart_the_end(answer: Answer, found: span.Span) -> None:
-    """A job that ended with its processes killed by one signal on every one
-    of its nodes, in its last moments, was ended (scancel, its time limit,
-    the nodes' shutdown): that is how it ended, said apart, not a fault."""
+    """How an ended job was ended, said apart rather than ranked as a fault:
+    TERM and KILL in its last moments (scancel, its time limit, a shutdown).
+    Where Slurm says the job was ended (CANCELLED, TIMEOUT...), all of them;
+    otherwise one signal's, when it reached every node where the job had not
+    died before (a rank the OOM killer took gets no TERM)."""
     if found.running:
         return
     last = [f for f in answer.findings if f.rule == "killed_by_signal" and f.since is not None
             and f.labels.get("signal") in END_SIGNALS and f.since >= found.end - END_BURST_S]
+    died = {f.node for f in answer.findings if f.rule in ("oom_kill", "killed_by_signal")
+            and f not in last}
     for signal in sorted({f.labels["signal"] for f in last}):
         theirs = [f for f in last if f.labels["signal"] == signal]
-        if {f.node for f in theirs} == set(answer.nodes):
+        if found.state in ENDED_BY_SLURM or \
+                {f.node for f in theirs} >= set(answer.nodes) - died:
             answer.findings = [f for f in answer.findings if f not in theirs]
-            answer.ended_by = (f"SIG{signal} to its processes on every node in its last "
-                               "moments (a scancel, its time limit, or the nodes' shutdown)")
+            answer.ended_by = (f"SIG{signal} to its processes in its last moments ("
+                               + (f"Slurm: {found.state}" if found.state in ENDED_BY_SLURM else
+                                  "on every node: a scancel, its time limit or a shutdown")
+                               + ")")
 
 
 class Over:

@@ -19,6 +19,7 @@ job's. So the question is first: when did the job run?
 """
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import subprocess
@@ -42,6 +43,7 @@ class Span:
     end: float
     source: str                   # "slurm", "series"
     running: bool = False
+    state: str = ""               # Slurm's, where it said (CANCELLED, TIMEOUT, ...)
 
     @property
     def seconds(self) -> float:
@@ -51,7 +53,8 @@ class Span:
         """The span within the last LAST_S seconds before now."""
         if last_s is None:
             return self
-        return Span(max(self.start, now - last_s), self.end, self.source, self.running)
+        return Span(max(self.start, now - last_s), self.end, self.source, self.running,
+                    self.state)
 
 
 def _run(argv: list[str]) -> str | None:
@@ -80,7 +83,7 @@ def parse_slurm_line(text: str, job: str, now: float) -> Span | None:
         # COMPLETING: ended (its end time set), its epilog still running
         running = state in ("RUNNING", "SUSPENDED", "CONFIGURING")
         ends = now if running or not end.isdigit() or int(end) == 0 else min(float(end), now)
-        return Span(float(start), max(ends, float(start)), "slurm", running)
+        return Span(float(start), max(ends, float(start)), "slurm", running, state)
     return None
 
 
@@ -101,11 +104,17 @@ EXITS = "tracehound_process_exits_total"
 LIVE = tuple(m for m in PRESENCE if m != EXITS)
 
 
-def _present_at(ask, job_sel: str, start: float, end: float, step: float) -> dict[str, list]:
+def _present_at(ask, job_sel: str, start: float, end: float, step: float,
+                lookback: str = "") -> dict[str, list]:
     """"live" and "exits" -> the times of the range query's points where the
-    job had such series."""
+    job had such series (with LOOKBACK, e.g. "[1296s]": a sample within it
+    before the point, so a coarse step misses no short job)."""
+    def one(m: str) -> str:
+        sel = f"{m}{{{job_sel}}}"
+        return f"group(last_over_time({sel}{lookback}))" if lookback else f"group({sel})"
+
     def group(kind: str, metrics) -> str:
-        inner = " or ".join(f"group({m}{{{job_sel}}})" for m in metrics)
+        inner = " or ".join(one(m) for m in metrics)
         return f'label_replace(group({inner}), "kind", "{kind}", "", "")'
     times: dict[str, set] = {"live": set(), "exits": set()}
     for labels, points in ask.over(f"{group('live', LIVE)} or {group('exits', [EXITS])}",
@@ -125,16 +134,17 @@ def from_series(ask, job_sel: str, now: float, search_s: float = SEARCH_S) -> Sp
     """The job's first and last sample within SEARCH_S before now, to about a
     second: three range queries, a coarse one and one round each edge."""
     step = max(search_s / COARSE_POINTS, 1.0)
-    coarse = _edges(_present_at(ask, job_sel, now - search_s, now, step))
+    coarse = _edges(_present_at(ask, job_sel, now - search_s, now, step,
+                                f"[{math.ceil(step)}s]"))
     if coarse is None:
         return None
-    # a sample shows at each step until its staleness: the edge is within a
-    # step of the coarse one, found at a second's (at most 2 x COARSE_POINTS
-    # points of one series each)
+    # each coarse point saw the step before it: the first and the last sample
+    # lie in the step before the first and the last point, found there at a
+    # second's (at most COARSE_POINTS points of one series each)
     fine_step = 1.0
-    first = _edges(_present_at(ask, job_sel, coarse[0] - step, min(coarse[0] + step, now),
+    first = _edges(_present_at(ask, job_sel, coarse[0] - step - fine_step, coarse[0],
                                fine_step))
-    last = _edges(_present_at(ask, job_sel, coarse[1] - step, min(coarse[1] + step, now),
+    last = _edges(_present_at(ask, job_sel, coarse[1] - step - fine_step, min(coarse[1], now),
                               fine_step))
     start = first[0] if first else coarse[0]
     end = last[1] if last else coarse[1]
