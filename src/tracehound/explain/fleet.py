@@ -57,6 +57,16 @@ ACTIVITY = {
 }
 
 
+def _scrape_interval(ask, label: str, nodes: list[str]) -> float:
+    """The longest scrape interval of the job's nodes' targets (0: unknown)."""
+    ask.count += 1
+    try:
+        intervals = prometheus.target_intervals(ask.url, timeout=ask.timeout)
+    except prometheus.PrometheusError:
+        return 0.0
+    return max((s for labels, s in intervals if labels.get(label) in nodes), default=0.0)
+
+
 class Asker:
     """The Prometheus client, counting its questions."""
 
@@ -104,6 +114,8 @@ def _judge_all(ask: Asker, answer: Answer, found: span.Span, job_sel: str, label
     answer.nodes = _nodes(ask, job_sel, over, label)
     if not answer.nodes:
         return
+    if found.source == "slurm" and not found.running:
+        over.last_scrape(_scrape_interval(ask, label, answer.nodes))
     node_sel = f"{label}=~{prometheus.regex_literal(*answer.nodes)}"
     answer.activity = _activity(ask, job_sel, over, label)
     for rule in RULES:
@@ -155,6 +167,13 @@ class Over:
         grain = SLURM_GRAIN_S if found.source == "slurm" else 0.0
         self._ends = {"job": (found.start, self.job_end), "node": (found.start + grain, found.end)}
         self.step = max(found.seconds / SINCE_POINTS, 1.0)
+
+    def last_scrape(self, interval: float) -> None:
+        """An ended job's node series until one scrape after Slurm's end: the
+        sample that holds what its last moments counted (Slurm's end is in
+        whole seconds, and an XID there is scraped up to an interval later)."""
+        start, end = self._ends["node"]
+        self._ends["node"] = (start, min(end + SLURM_GRAIN_S + interval, self.job_end))
 
     def fill(self, expr: str, level: str = "job", **values: str) -> str:
         start, end = self._ends[level]
