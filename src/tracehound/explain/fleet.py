@@ -1,9 +1,11 @@
 """Fleet mode: every rule asked of the fleet's Prometheus for one job.
 
-One query finds the job's nodes (any tracehound series labelled with the
-job over the window), one per rule answers for all of them at once, and one
-range query per rule that holds says since when. A job on 3 nodes costs
-about a dozen queries, whatever its number of cgroups.
+When the job ran comes first (span.py: Slurm, else its series). Then one
+query finds the job's nodes (any tracehound series labelled with the job in
+that time), one per rule answers for all of them at once, over the job's
+time (Over), one says where an agent lost data, and one range query per
+rule that holds says since when. A job on 4 nodes costs about 20 queries,
+whatever its number of cgroups.
 """
 from __future__ import annotations
 
@@ -13,7 +15,8 @@ import statistics
 import time
 
 from ..clients import prometheus
-from .answer import JOB_ID, PRESENCE, Answer, ExplainError, Finding, judged, rank, seconds, valid_window
+from .answer import (JOB_ID, PRESENCE, Answer, ExplainError, Finding, judged, rank, seconds,
+                     valid_window)
 from . import span, timeline
 from .rules import AT, RULES, WIN, Rule, compared, fill, grew
 
@@ -57,11 +60,10 @@ ACTIVITY = {
 }
 
 
-def _scrape_interval(ask, label: str, nodes: list[str]) -> float:
+def _scrape_interval(ask: "Asker", label: str, nodes: list[str]) -> float:
     """The longest scrape interval of the job's nodes' targets (0: unknown)."""
-    ask.count += 1
     try:
-        intervals = prometheus.target_intervals(ask.url, timeout=ask.timeout)
+        intervals = ask.intervals()
     except prometheus.PrometheusError:
         return 0.0
     return max((s for labels, s in intervals if labels.get(label) in nodes), default=0.0)
@@ -80,6 +82,10 @@ class Asker:
     def over(self, promql: str, start: float, end: float, step: float) -> list:
         self.count += 1
         return prometheus.query_range(self.url, promql, start, end, step, timeout=self.timeout)
+
+    def intervals(self) -> list:
+        self.count += 1
+        return prometheus.target_intervals(self.url, timeout=self.timeout)
 
 
 def explain(url: str, job: str, window: str | None = None, node_label: str = "node",
@@ -240,7 +246,6 @@ def _judge(ask: Asker, rule: Rule, job_sel: str, node_sel: str, over: Over,
     values = {"job": job_sel if rule.job_labelled else node_sel, "node": node_sel, "by": by}
     rows = [(s.labels, s.value) for s in ask.now(over.rule(rule, **values))
             if s.value == s.value]   # not NaN
-
     if rule.kind == "grew":
         held = [(labels, value, None) for labels, value in rows if value > 0]
     else:
@@ -251,13 +256,12 @@ def _judge(ask: Asker, rule: Rule, job_sel: str, node_sel: str, over: Over,
     out = []
     for labels, value, ratio in held:
         node = labels.get(label, "?")
-        key = (node, *(labels.get(k, "") for k in rule.by))
         words = {k: labels.get(k, "") for k in rule.by}
         severity, action, more = judged(rule, words)
         says = rule.says.format(value=value, value_s=f"{value * 1000:.1f} ms",
                                 compared=compared(ratio), **words, **more)
         out.append(Finding(rule.name, severity, node, words, round(value, 6), says, action,
-                           since.get(key), outlier=ratio is not None))
+                           since.get(_key(labels, label, rule)), outlier=ratio is not None))
     return out
 
 
@@ -324,11 +328,10 @@ def _refine(ask: Asker, rule: Rule, values: dict, over: Over, label: str,
     """A count's since to about its scrape, not the coarse step of a long job:
     it grew within the step before its coarse since, asked again there at a
     fine step (one range query per distinct since, a few at most)."""
+    fine = max(over.step / SINCE_POINTS, 1.0)
+    promql = fill(rule.expr, window=f"{math.ceil(max(fine, TRAILING_MIN_S))}s", at="", **values)
     for coarse in sorted(set(first.values()))[:REFINE_MAX]:
-        fine = max(over.step / SINCE_POINTS, 1.0)
         start = coarse - math.ceil(min(over.step, coarse - first_point) / fine) * fine
-        promql = fill(rule.expr, window=f"{math.ceil(max(fine, TRAILING_MIN_S))}s", at="",
-                      **values)
         for labels, points in ask.over(promql, start, coarse, fine):
             key = _key(labels, label, rule)
             held = [t for t, v in points if v == v and v > 0]
