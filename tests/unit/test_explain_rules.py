@@ -140,12 +140,14 @@ def test_every_rule_is_asked_over_the_jobs_span_and_no_other_time():
     assert len(ask.asked) == len(RULES)
     for rule, promql in zip(RULES, ask.asked):
         length, end = ("450000ms", "1450.000") if rule.job_labelled else ("299000ms", "1300.000")
-        ranges = re.findall(r"\[([^\]]+)\]( @ [0-9.]+)?", promql)
-        assert ranges and all(r == (length, f" @ {end}") for r in ranges), promql
-        # a count's value before the job is read at the job's start
-        assert " offset" not in promql or f" @ {end} offset {length}" in promql, promql
+        ranges = re.findall(r"\[([^\]]+)\]( @ [0-9.]+)?( offset [0-9a-z]+)?", promql)
+        # the span, or the lookback before it for a count's value at its start
+        assert ranges and all(r in ((length, f" @ {end}", ""),
+                                    ("5m", f" @ {end}", f" offset {length}")) for r in ranges), \
+            promql
     xid = next(q for q in ask.asked if "gpu_xid" in q)
-    assert 'tracehound_gpu_xid_errors_total{node=~"a|b"} @ 1300.000 offset 299000ms' in xid
+    assert ('last_over_time(tracehound_gpu_xid_errors_total{node=~"a|b"}[5m] @ 1300.000 '
+            'offset 299000ms)') in xid
 
 
 def test_an_outlier_is_one_since_it_parted_from_the_others_not_since_it_wrote():

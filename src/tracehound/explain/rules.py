@@ -33,14 +33,25 @@ def fill(expr: str, **values: str) -> str:
     return expr
 
 
+# how far before the window a counter's value at its start is looked for:
+# Prometheus' own lookback for an instant value
+BEFORE = "5m"
+
+
 def grew(metric: str, matchers: str) -> str:
     """How much a counter grew over the window: its last value in the window
-    less its value at the window's start, or the last value for a series
+    less its last value before the window, or the last value for a series
     born within it (a job's first OOM kill starts its series at 1); a reset
-    (the agent restarted) counts as nothing rather than as negative."""
+    (the agent restarted) counts as nothing rather than as negative.
+
+    The value before is the last *sample*, not the instant value: one failed
+    scrape marks every series of the target stale, and an instant lookup
+    just after it finds none, which would count an old XID again as born in
+    the window (a range selector passes over the staleness marker)."""
     sel = f"{metric}{{{matchers}}}"
     last = f"last_over_time({sel}[{WIN}]{AT})"
-    return f"(clamp_min({last} - {sel}{AT} offset {WIN}, 0) or {last})"
+    before = f"last_over_time({sel}[{BEFORE}]{AT} offset {WIN})"
+    return f"(clamp_min({last} - {before}, 0) or {last})"
 
 
 def mean_latency(histogram: str, matchers: str, window: str, at: str = "") -> str:

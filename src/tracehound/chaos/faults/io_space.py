@@ -169,20 +169,51 @@ class IoErrors(Fault):
                                        "reads on the device fail with EIO")
 
 
+# how long a suspend, load or resume may take: a suspend waits out the I/O in
+# flight and a busy node's resume waits its turn; past this the device's own
+# state says whether it was done
+DM_WAIT_S = 120
+
+
 def _dm_load(name: str, table: str) -> None:
     """Swap the table without freezing the file system on it: a freeze
     starts with a sync, which fails over a failing table and, once, after
     one (the block device still holds the write error), and a real disk
     does not wait for a clean file system before it fails either. The
-    suspend still waits for I/O in flight, so the swap is atomic."""
-    run_cmd(["dmsetup", "suspend", "--nolockfs", name])
+    suspend still waits for I/O in flight, so the swap is atomic. Neither
+    waits for udev's rules (--noudevsync): the device keeps its name and
+    node, and on a busy node udev's probe of it can take long."""
+    run_cmd(["dmsetup", "suspend", "--nolockfs", "--noudevsync", name], timeout=DM_WAIT_S)
     try:
         out = subprocess.run(["dmsetup", "load", name], input=table + "\n", text=True,
-                             capture_output=True, timeout=30)
+                             capture_output=True, timeout=DM_WAIT_S)
         if out.returncode != 0:
             raise FaultError(f"dmsetup load {name}: {out.stderr.strip()}")
     finally:
-        run_cmd(["dmsetup", "resume", name])
+        _resume(name)
+
+
+def _resume(name: str) -> None:
+    """Resume NAME; a resume that outlived its wait may still have been done
+    (the kernel finishes the call): only a device still suspended fails."""
+    try:
+        run_cmd(["dmsetup", "resume", "--noudevsync", name], timeout=DM_WAIT_S)
+    except FaultError:
+        if _dm_state(name) != "ACTIVE":
+            raise
+
+
+def _dm_state(name: str) -> str | None:
+    """ACTIVE or SUSPENDED, as `dmsetup info` says; None if it cannot say."""
+    try:
+        out = run_cmd(["dmsetup", "info", name])
+    except FaultError:
+        return None
+    for line in out.stdout.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "State" and value.split():
+            return value.split()[0]         # "ACTIVE (READ-ONLY)" is active
+    return None
 
 
 FAULTS = [IoFill(), IoErrors()]
