@@ -140,7 +140,12 @@ def test_a_killed_rank_is_the_first_finding_on_its_node_and_before_it_nothing_is
     first = after["findings"][0]
     assert (first["rule"], first["node"], first["labels"]) == \
         ("killed_by_signal", victim, {"signal": "KILL"}), after["findings"]
-    assert first["value"] == 1 and first["since"] is not None and first["severity"] == 4
+    assert first["value"] == 1 and first["severity"] == 4
+    # since: the kernel's time of the kill as the victim's agent stamped it,
+    # not the scrape that counted it
+    [stamp] = prometheus.query(fleet_prometheus, 'min(min_over_time(tracehound_process_last_'
+                               f'exit_timestamp_seconds{{job_id="{job.id}",signal="KILL"}}[10m]))')
+    assert first["since"] == stamp.value, (first["since"], stamp)
     assert "killed by SIGKILL" in first["says"]
     assert {f["node"] for f in after["findings"] if f["rule"] == "killed_by_signal"} == {victim}
     assert after["queries"] > 0

@@ -92,7 +92,9 @@ THREAD_ENDS = ("import threading, sys\n"
 def test_each_process_is_counted_once_with_its_reason(probe, cgroups, tmp_path):
     (killed, k_id), (segv, s_id), (err, e_id), (clean, c_id), (threads, t_id), \
         (ends, n_id), (core, d_id), (leader, l_id) = cgroups(8)
+    sent = time.time()
     assert os.WTERMSIG(run(killed, py("import os; os.kill(os.getpid(), 9)"))) == KILL
+    reaped = time.time()
     assert os.WTERMSIG(run(segv, "ulimit -c 0; kill -SEGV $$")) == SEGV
     assert os.WEXITSTATUS(run(err, "exit 3")) == 3
     assert os.WEXITSTATUS(run(clean, "exit 0")) == 0
@@ -116,6 +118,8 @@ def test_each_process_is_counted_once_with_its_reason(probe, cgroups, tmp_path):
     assert counts_of(snap, l_id) == {ExitKey(l_id, "signal", SEGV): 1}
     assert snap.last[ExitKey(l_id, "signal", SEGV)].comm == os.path.basename(PY)[:15]
 
+    # the kill's time is the kernel's, between the fork and the reaping
+    assert sent <= snap.last[ExitKey(k_id, "signal", KILL)].wall_time() <= reaped
     last = snap.last[ExitKey(e_id, "error", 0)]
     assert last.status == 3 and last.comm == "sh" and last.pid > 0
     assert snap.last[ExitKey(s_id, "signal", SEGV)].comm == "sh"

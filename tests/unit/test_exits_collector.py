@@ -155,6 +155,21 @@ def test_families_by_reason_and_signal_with_workload_labels():
     assert m[(drops, (("reason", "counters_full"),))] == 0
 
 
+def test_a_kill_is_stamped_with_the_kernels_time_and_other_exits_are_not():
+    snap = e.read_snapshot(maps())
+    snap.last[e.ExitKey(42, "signal", SEGV, True)] = e.LastExit(302, "trainer", 0, 3 * 10**9)
+    snap.last[e.ExitKey(42, "oom", KILL)] = e.LastExit(303, "hog", 0, 4 * 10**9)
+    probe = FakeProbe()
+    probe.snapshot = lambda: snap
+    # the monotonic clock at 10 s is the Unix time 1000
+    m = scrape(ExitsCollector(probe, make_owners(), clocks=lambda: (10 * 10**9, 1000.0)))
+    at = "tracehound_process_last_exit_timestamp_seconds"
+    got = {labels: v for (name, labels), v in m.items() if name == at}
+    # SEGV: the later of its two (one dumped core); the error exit has no time
+    assert got == {(("cgroup", "/job/a"), ("reason", "signal"), ("signal", "SEGV")): 993.0,
+                   (("cgroup", "/job/a"), ("reason", "oom"), ("signal", "KILL")): 994.0}
+
+
 def test_every_exit_series_carries_the_workload_labels():
     reg = CollectorRegistry(auto_describe=False)
     reg.register(ExitsCollector(FakeProbe(), make_owners()))

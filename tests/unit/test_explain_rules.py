@@ -103,6 +103,36 @@ def test_a_nodes_own_retransmissions_are_asked_of_the_jobs_nodes_and_read_agains
     assert f.says.endswith(", with no other node of the job to compare") and not f.outlier
 
 
+class Stamped(Judged):
+    """Judged, and the agent's own times of the events the rule counted."""
+
+    def __init__(self, rows, times):
+        super().__init__(rows)
+        self.series = [(labels, [(1000.0, 0.0), (1010.0, value)]) for labels, value in rows]
+        self.times = times
+
+    def now(self, promql):
+        if "last_exit_timestamp_seconds" not in promql:
+            return super().now(promql)
+        self.asked.append(promql)
+        return [type("S", (), {"labels": labels, "value": at}) for labels, at in self.times]
+
+
+def test_a_kills_since_is_the_agents_time_of_it_not_the_scrape_that_counted_it():
+    rule = next(r for r in RULES if r.name == "killed_by_signal")
+    kill = {"signal": "KILL"}
+    # counted by the scrapes at t=1010 (the range answer); killed at
+    # 1007.25 on b; c's time is from before the job (a stale stamp), d's
+    # after the scrape that counted it: neither replaces the scrape's
+    ask = Stamped(rows({"b": 1, "c": 1, "d": 1}, **kill),
+                  [({"node": "b", **kill}, 1007.25), ({"node": "c", **kill}, 900.0),
+                   ({"node": "d", **kill}, 1011.0)])
+    got = fleet._judge(ask, rule, 'job_id="7"', 'node=~"b|c|d"', OVER, "node", alone=False)
+    assert {f.node: f.since for f in got} == {"b": 1007.25, "c": 1010.0, "d": 1010.0}
+    assert ('min by (node, signal) (min_over_time(tracehound_process_last_exit_timestamp_'
+            'seconds{job_id="7",reason="signal"}[450000ms] @ 1450.000))') in ask.asked[-1]
+
+
 def test_a_node_condition_reads_as_health_drains_on_it_with_its_own_action():
     rule = next(r for r in RULES if r.name == "node_unfit")
     bus = "0000:3b:00.0"

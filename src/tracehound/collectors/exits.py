@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 
-from prometheus_client.core import CounterMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..attribution.owners import Owners
 from ..attribution.workload import WORKLOAD_LABELS
@@ -18,9 +18,17 @@ from ..probes.exits import COUNTS_ENTRIES, HEALTH, ExitsSnapshot, signal_name
 # at a 60 s interval, so both members of a Prometheus pair, and any other
 # reader of /metrics, see a finished job's last exits
 RETIRE_AFTER_S = 120.0
+# the exits whose time is exported: a kill names the moment a job broke, and
+# explain says it to the millisecond rather than to the next scrape
+TIMED_REASONS = ("signal", "oom")
 # more removed cgroups than this waiting (a burst of short jobs), or a half
 # full kernel table, and they all go at once: memory stays bounded
 MAX_PENDING = 256
+
+
+def _clocks() -> tuple[int, float]:
+    """The monotonic clock the kernel stamps exits with, and the wall clock."""
+    return time.monotonic_ns(), time.time()
 
 
 class ExitsCollector:
@@ -34,12 +42,14 @@ class ExitsCollector:
     name = "exits"
 
     def __init__(self, probe, owners: Owners, detector=None,
-                 retire_after_s: float = RETIRE_AFTER_S, clock=time.monotonic):
+                 retire_after_s: float = RETIRE_AFTER_S, clock=time.monotonic,
+                 clocks=_clocks):
         self.probe = probe
         self.owners = owners
         self.detector = detector
         self.retire_after_s = retire_after_s
         self.clock = clock
+        self.clocks = clocks
         self._dead_since: dict[int, float] = {}     # removed cgroup id -> first seen removed
 
     def _expired(self, snap: ExitsSnapshot, gone: set[int]) -> set[int]:
@@ -100,6 +110,7 @@ class ExitsCollector:
                 per_core[(*labels, sig)] = per_core.get((*labels, sig), 0) + n
         for k, n in sorted(per_exit.items()):
             exits.add_metric(list(k), n)
+        last_at = self._last_kills(snap)
         for k, n in sorted(per_core.items()):
             cores.add_metric(list(k), n)
         drops = CounterMetricFamily("tracehound_process_exit_drops",
@@ -110,5 +121,30 @@ class ExitsCollector:
 
         yield exits
         yield cores
+        yield last_at
         yield drops
+
+    def _last_kills(self, snap: ExitsSnapshot) -> GaugeMetricFamily:
+        """When the latest process of each label set was killed (a signal, the
+        OOM killer), from the kernel's stamp: a kill's own time, not the
+        scrape after it. A core dump is folded into its signal, as above."""
+        family = GaugeMetricFamily(
+            "tracehound_process_last_exit_timestamp_seconds",
+            "When the latest process of the label set ended, as a Unix time, for the reasons "
+            "signal and oom (the kernel's time of the exit).",
+            labels=["cgroup", *WORKLOAD_LABELS, "reason", "signal"])
+        mono_ns, wall = self.clocks()
+        latest: dict[tuple, float] = {}
+        for key, last in snap.last.items():
+            if key.reason not in TIMED_REASONS:
+                continue
+            labels = self.owners.labels(key.cgroup_id)
+            if not self.owners.in_scope(labels[0]):
+                continue
+            k = (*labels, key.reason, signal_name(key.signal))
+            at = round(last.wall_time(mono_ns, wall), 3)
+            latest[k] = max(latest.get(k, at), at)
+        for k, at in sorted(latest.items()):
+            family.add_metric(list(k), at)
+        return family
 

@@ -13,12 +13,13 @@ import math
 import re
 import statistics
 import time
+from dataclasses import replace
 
 from ..clients import prometheus
 from .answer import (JOB_ID, PRESENCE, Answer, ExplainError, Finding, judged, rank, seconds,
                      valid_window)
 from . import span, timeline
-from .rules import AT, RULES, WIN, Rule, compared, fill, grew
+from .rules import AT, RULES, WIN, Rule, compared, fill, first_time, grew
 
 SINCE_POINTS = 240              # a since's range query: the span in this many steps
 SLURM_GRAIN_S = 1.0             # squeue and sacct say when in whole seconds
@@ -253,6 +254,8 @@ def _judge(ask: Asker, rule: Rule, job_sel: str, node_sel: str, over: Over,
     if not held:
         return []
     since = _since(ask, rule, values, over, label, alone)
+    if rule.when:
+        _exact(ask, rule, values, over, label, since)
     out = []
     for labels, value, ratio in held:
         node = labels.get(label, "?")
@@ -317,6 +320,19 @@ def _since(ask: Asker, rule: Rule, values: dict, over: Over, label: str,
     if rule.kind == "grew" and step > FINE_STEP_S:
         _refine(ask, rule, values, over, label, first, first_point)
     return first
+
+
+def _exact(ask: Asker, rule: Rule, values: dict, over: Over, label: str,
+           since: dict) -> None:
+    """A since to the agent's own time of the event where it exports one
+    (rule.when): a kill's moment, not the scrape that counted it. Only an
+    earlier time than the scrape's, within the job's span, replaces it."""
+    start = over.span.start - SLURM_GRAIN_S
+    for s in ask.now(over.rule(replace(rule, expr=first_time(rule)), **values)):
+        key = _key(s.labels, label, rule)
+        counted = since.get(key)
+        if counted is not None and start <= s.value <= counted:
+            since[key] = s.value
 
 
 def _key(labels: dict, label: str, rule: Rule) -> tuple:

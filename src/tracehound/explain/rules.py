@@ -82,15 +82,26 @@ class Rule:
     # them up from the agent's own /metrics (explain/node.py)
     metric: str = ""
     match: tuple[tuple[str, str], ...] = ()
+    # a gauge of the agent's own time of the latest event counted (same
+    # labels as the counter): the finding's since to the millisecond
+    when: str = ""
 
 
 def counting(name: str, severity: int, metric: str, by: tuple[str, ...], says: str,
              action: str, match: tuple[tuple[str, str], ...] = (),
-             job_labelled: bool = True) -> Rule:
+             job_labelled: bool = True, when: str = "") -> Rule:
     """A rule that holds where a counter grew in the window."""
     sel = (JOB if job_labelled else "{node}") + "".join(f',{k}="{v}"' for k, v in match)
     return Rule(name, severity, "sum by ({by}) (" + grew(metric, sel) + ")", by, "grew", says,
-                action, job_labelled=job_labelled, metric=metric, match=match)
+                action, job_labelled=job_labelled, metric=metric, match=match, when=when)
+
+
+def first_time(rule: Rule) -> str:
+    """The earliest event time RULE's `when` gauge held in the window, per
+    node and cause: the latest event as of the first scrape that counted
+    one, so the first event itself unless two came between two scrapes."""
+    sel = JOB + "".join(f',{k}="{v}"' for k, v in rule.match)
+    return f"min by ({{by}}) (min_over_time({rule.when}{{{sel}}}[{WIN}]{AT}))"
 
 
 LOSSY_LINK = ("check the node's links and switch port for loss (errors, drops, a flapping "
@@ -106,15 +117,17 @@ def compared(ratio: float | None) -> str:
     return f"{ratio:.1f}x the median of the job's other nodes"
 
 
+EXIT_AT = "tracehound_process_last_exit_timestamp_seconds"
+
 RULES: tuple[Rule, ...] = (
     counting("oom_kill", 5, "tracehound_process_exits_total", (),
              "{value:g} process(es) of the job killed by the OOM killer",
              "raise the job's memory request or find what grew "
-             "(tracehound_cgroup_memory_rss_bytes)", match=(("reason", "oom"),)),
+             "(tracehound_cgroup_memory_rss_bytes)", match=(("reason", "oom"),), when=EXIT_AT),
     counting("killed_by_signal", 4, "tracehound_process_exits_total", ("signal",),
              "{value:g} process(es) of the job killed by SIG{signal}",
              "find who sent it: the job's own error handling, an admin, or a watchdog (the "
-             "node's /events has each exit's pid)", match=(("reason", "signal"),)),
+             "node's /events has each exit's pid)", match=(("reason", "signal"),), when=EXIT_AT),
     counting("gpu_xid", 5, "tracehound_gpu_xid_errors_total", ("pci_bus_id", "xid"),
              "{value:g} XID {xid} on GPU {pci_bus_id}", "see the XID catalog's action below",
              job_labelled=False),
