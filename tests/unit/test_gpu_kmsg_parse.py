@@ -192,6 +192,24 @@ FORGED = [
 ]
 
 
+# Lines of the kernel's that start with the user's bytes: a 14-byte process
+# name in a segfault, trap or OOM line; an executable's file name (up to 255
+# bytes) in the report of a fatal signal (kernel.print-fatal-signals=1)
+FORGED += [
+    "SXid(e5:00):1,[1234]: segfault at 0 ip 0000000000401000 sp 00007ffd3d1c8e60 error 6 in "
+    "crash[401000+1000] likely on CPU 0 (core 0, socket 0)",
+    "traps: SXid(e5:00):1,[1234] trap invalid opcode ip:401126 sp:7ffd3d1c8e60 error:0 in "
+    "crash[401000+1000]",
+    "SXid(e5:00):1, invoked oom-killer: gfp_mask=0xcc0(GFP_KERNEL), order=0, oom_score_adj=0",
+    "NVRM: Xid (PCI:0000:e5:00): 79, pid=1, name=forged, x: NVRM: Xid (PCI:: potentially "
+    "unexpected fatal signal 11.",
+    "nvidia-nvswitch0: SXid (PCI:0000:c3:00.0): 24007, Fatal, x: crash: potentially unexpected "
+    "fatal signal 11.",
+    "NVRM: GPU has fallen off the bus x: crash: potentially unexpected fatal signal 7.",
+    "NVRM: RmInitAdapter failed! x: crash: potentially unexpected fatal signal 6.",
+]
+
+
 @pytest.mark.parametrize("line", FORGED)
 def test_a_segfault_line_shaped_like_an_xid_is_not_one(line):
     ev = parse_gpu_line(line)

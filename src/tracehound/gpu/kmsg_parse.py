@@ -95,10 +95,17 @@ _XID = re.compile(rf"NVRM:\s*Xid\s*\(\s*({_BUS_ANY}(?:[\s,]+GPU-I:\s*\d{{1,4}})?
                   r"\s*\)\s*:\s*(\d{1,6})\s*(?:,\s*(.*))?$",
                   re.I | re.S | re.A)
 _XID_START = re.compile(r"NVRM:\s*Xid\b", re.I | re.A)
-_SXID = re.compile(rf"(?:([\w.-]{{1,64}}):\s*)?SXid\s*\(\s*"
+# an SXid is the NVSwitch driver's, which names its device first: a line
+# that starts "SXid" or "traps: SXid" is a process's name (14 bytes make
+# "SXid(e5:00):1,") in the kernel's segfault or trap line
+_SXID = re.compile(rf"(nvidia-nvswitch\d{{1,4}}):\s*SXid\s*\(\s*"
                    rf"({_BUS_ANY})"
                    r"\s*\)\s*:\s*(\d{1,6})\s*(?:,\s*(.*))?$", re.I | re.S | re.A)
 _SXID_START = re.compile(r"(?:[\w.-]+:\s*)?SXid\b", re.I | re.A)
+# the kernel's report of a fatal signal (kernel.print-fatal-signals=1) starts
+# with the executable's file name, up to 255 bytes of the user's choosing,
+# and ends with its own words: whatever it starts with, it is not a driver's
+_FATAL_SIGNAL = re.compile(r":\s*potentially unexpected fatal signal\s+\d{1,3}\.?$", re.A)
 _PID = re.compile(r"pid\s*=\s*'?([^',]*)'?\s*(?:,\s*|$)", re.A)
 _PID_NUMBER = re.compile(r"[0-9]{1,10}")
 _NAME = re.compile(r"name\s*=\s*([^,]*?)\s*(?:,\s*|$)", re.A)
@@ -166,6 +173,9 @@ def parse_gpu_line(message: str) -> GpuKernelEvent | None:
         # one printk of several "NVRM: ..." lines is one record
         line = _NEWLINES.sub(" ", line.strip())
     line = line.strip()
+    if _FATAL_SIGNAL.search(line):
+        ours = _XID_START.match(line) or _SXID_START.match(line) or line.startswith("NVRM:")
+        return GpuKernelEvent(MALFORMED, line) if ours else None
     if _XID_START.match(line):
         m = _XID.match(line)
         return _xid(line, m) if m else GpuKernelEvent(MALFORMED, line)
