@@ -8,9 +8,9 @@ protobuf.py's generic converter.
 
 Empty label values are left out (Prometheus treats an empty label as
 absent, so no query changes). Every label value and help text is valid
-UTF-8 (utf8.py), and a family whose rendering raises anyway is left out of
-that scrape and reported to the caller: one family never cuts the others
-short, nor fails the scrape.
+UTF-8, a label value at most 1 KiB (utf8.py), and a family whose rendering
+raises anyway is left out of that scrape and reported to the caller: one
+family never cuts the others short, nor fails the scrape.
 """
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ from prometheus_client.openmetrics import exposition as om_exposition
 
 from . import failures, protobuf
 from .rows import HistogramRows, Rows
-from .utf8 import valid_utf8
+from .utf8 import MAX_LABEL_BYTES, label_value, valid_utf8
 
 TEXT, OPENMETRICS, PROTOBUF = "text", "openmetrics", "protobuf"
 # Every name the agent exports is a classic Prometheus name, so the text
@@ -49,13 +49,14 @@ def shown(fam: Metric) -> Metric:
     value and the help valid UTF-8 (a copy, only where anything changes)."""
     def needs_care(labels: dict) -> bool:
         values = labels.values()
-        return "" in values or not "".join(values).isascii()
+        return "" in values or not "".join(values).isascii() or \
+            any(len(v) > MAX_LABEL_BYTES for v in values)
 
     doc = fam.documentation
     if doc.isascii() and not any(needs_care(s.labels) for s in fam.samples):
         return fam
     out = Metric(fam.name, valid_utf8(doc), fam.type, fam.unit)
-    out.samples = [s._replace(labels={k: valid_utf8(v) for k, v in s.labels.items() if v})
+    out.samples = [s._replace(labels={k: label_value(v) for k, v in s.labels.items() if v})
                    if needs_care(s.labels) else s for s in fam.samples]
     return out
 
