@@ -91,6 +91,9 @@ BENCHMARKS = (
     Benchmark("explain", "explain", ("explain",), ("root", "slurm"),
               "explain's accuracy: each fault's true cause first, 0 findings on clean jobs, "
               "precision and recall; answer time for a job on 4 nodes"),
+    Benchmark("explain-vm", "explain_vm", ("explain-vm",), ("root", "vm"),
+              "explain's rank of the true cause for the faults only the VM makes (EIO from a "
+              "device-mapper disk, RDMA memlock on soft-RoCE), node mode, and its answer time"),
     Benchmark("health-drain", "health_drain", ("health-drain",), ("root", "slurm"),
               "fault to drain (kernel-log line to slurmctld's DRAIN) at 20 and 100 nodes against "
               "HealthCheckInterval, and the breaker's worst instant when every node fails"),

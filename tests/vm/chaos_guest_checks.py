@@ -350,7 +350,13 @@ def io_flakey_experiment(c: rg.Checks, agent: rg.Agent) -> None:
     run.cleanup()
 
 
-def main(results: Path) -> int:
+EXPERIMENTS = ("memlock_experiment", "cgroup_experiment", "link_down_experiment",
+               "io_throttle_experiment", "netem_loss_experiment", "netem_delay_experiment",
+               "io_errors_experiment", "io_flakey_experiment")
+
+
+def main(results: Path, only: tuple = EXPERIMENTS) -> int:
+    """Every experiment (the VM tier), or ONLY those (bench/explain/vm.py)."""
     c = rg.Checks(results)
     t0 = time.monotonic()
     if HOST_MPL_CACHE.is_dir():
@@ -360,9 +366,7 @@ def main(results: Path) -> int:
     agent = rg.Agent()
     c.timing("agent_start_s", time.monotonic() - t0)
     try:
-        for experiment in (memlock_experiment, cgroup_experiment, link_down_experiment,
-                           io_throttle_experiment, netem_loss_experiment, netem_delay_experiment,
-                           io_errors_experiment, io_flakey_experiment):
+        for experiment in (globals()[name] for name in EXPERIMENTS if name in only):
             t = time.monotonic()
             try:
                 experiment(c, agent)
@@ -378,4 +382,6 @@ def main(results: Path) -> int:
 if __name__ == "__main__":
     if sys.argv[1] == "verbs-loop":
         sys.exit(verbs_loop(sys.argv[2], sys.argv[3]))
-    sys.exit(main(Path(sys.argv[1])))
+    # argv: RESULTS [NAME,NAME...] (the experiments to run; all by default)
+    sys.exit(main(Path(sys.argv[1]), tuple(sys.argv[2].split(",")) if len(sys.argv) > 2
+                  else EXPERIMENTS))

@@ -60,23 +60,38 @@ class JobWriter:
         self.proc.wait(timeout=30)
 
 
+def rank_of(findings: list, rules: tuple, labels: dict) -> int:
+    """1 for the first finding, ...: where RULE with LABELS stands; 0: absent."""
+    return next((i + 1 for i, f in enumerate(findings)
+                 if f["rule"] in rules and labels.items() <= f["labels"].items()), 0)
+
+
 def explain_ranks_first(c, name: str, url: str, job: str, rule, labels: dict,
                         timeout: float = 60) -> None:
     """One check: node mode's first finding for JOB is RULE (one of them, when
     a tuple) with at least LABELS. Asked again while the agent has not yet
-    counted what the fault did."""
+    counted what the fault did. Its timings: where the cause stood in the
+    last answer (NAME_rank, 0 absent), the answer's own seconds and the
+    CLI's (bench/explain/vm.py reports them)."""
     rules = rule if isinstance(rule, tuple) else (rule,)
-    deadline, first, out = time.monotonic() + timeout, None, None
+    deadline, found, out, answer = time.monotonic() + timeout, [], None, {}
     while time.monotonic() < deadline:
+        t0 = time.monotonic()
         out = subprocess.run([*TRACEHOUND, "explain", job, "--url", url, "--json"],
                              capture_output=True, text=True, timeout=120)
+        cli_s = time.monotonic() - t0
         try:
-            first = (json.loads(out.stdout)["findings"] or [None])[0]
+            answer = json.loads(out.stdout)
+            found = answer["findings"]
         except (ValueError, KeyError):
-            first = None
-        if first and first["rule"] in rules and labels.items() <= first["labels"].items():
+            answer, found = {}, []
+        if rank_of(found, rules, labels) == 1:
             break
         time.sleep(1)
-    ok = bool(first) and first["rule"] in rules and labels.items() <= first["labels"].items()
-    c.record(name, ok, f"first finding {first}\n"
-                       + (f"{out.stdout[-2000:]}{out.stderr[-2000:]}" if out else ""))
+    rank = rank_of(found, rules, labels)
+    c.timing(f"{name}_rank", rank)
+    if answer.get("seconds") is not None:
+        c.timing(f"{name}_answer_s", answer["seconds"])
+        c.timing(f"{name}_cli_s", cli_s)
+    c.record(name, rank == 1, f"first finding {(found or [None])[0]}\n"
+                              + (f"{out.stdout[-2000:]}{out.stderr[-2000:]}" if out else ""))
