@@ -1,0 +1,76 @@
+"""A user with a delegated cgroup subtree (what systemd gives every user, as
+user@UID.service) names directories below it like a Slurm job's and does
+I/O there, as uid 65534: the real agent counts the bytes but labels them
+with no job. Beside it, a tree root made as Slurm does (the step and task
+directories handed to the job's user, as slurmd's cgroup/v1 plugin leaves
+them) keeps its job, step and task."""
+import os
+import subprocess
+import uuid
+
+import pytest
+
+from .conftest import remove_cgroup, require_tools, run_in_cgroup
+
+NOBODY = 65534
+TAG = int(uuid.uuid4().hex[:4], 16)
+FORGED_JOB, REAL_JOB = str(700000 + TAG), str(800000 + TAG)
+JOB_PATH = "slurm/uid_0/job_{}/step_0/task_0"
+# moves itself into the delegated cgroup as root, then, as the user, makes the
+# job-like path below it, moves itself there (allowed: the user owns the
+# delegated cgroup's cgroup.procs) and writes 25 blocks of 4 KiB
+AS_USER = ('echo $$ > "$1/cgroup.procs" && exec setpriv --reuid={uid} --regid={uid} '
+           '--clear-groups sh -c \'mkdir -p "$1" && echo $$ > "$1/cgroup.procs" && '
+           'exec dd if=/dev/zero of="$2" bs=4096 count=25 status=none\' sh "$2" "$3"')
+
+
+def delegate(directory: str, uid: int) -> None:
+    """What systemd does for Delegate=yes: the directory and the files that
+    let its owner make children and move processes between them."""
+    for name in ("", "cgroup.procs", "cgroup.threads", "cgroup.subtree_control"):
+        os.chown(os.path.join(directory, name), uid, uid)
+
+
+@pytest.fixture
+def trees(cgroup_root, cgroup):
+    base = cgroup_root + cgroup
+    made = [base + "/deleg", base + "/root"]
+    for d in made:
+        os.mkdir(d)
+    delegate(base + "/deleg", NOBODY)
+    real = base + "/root/" + JOB_PATH.format(REAL_JOB)
+    os.makedirs(real)
+    for d in (real.rsplit("/", 1)[0], real):            # step_0, task_0: the job's user's
+        delegate(d, NOBODY)
+    yield cgroup + "/deleg", cgroup + "/root"
+    for top in made:
+        for dirpath, _dirs, _files in sorted(os.walk(top), key=lambda w: -len(w[0])):
+            remove_cgroup(dirpath)
+
+
+def test_a_job_path_a_user_made_labels_nothing_as_that_job(agent, cgroup_root, trees, tmpfs):
+    require_tools("setpriv", "dd")
+    deleg, root_made = trees
+    forged = f"{deleg}/{JOB_PATH.format(FORGED_JOB)}"
+    real = f"{root_made}/{JOB_PATH.format(REAL_JOB)}"
+    target = os.path.join(tmpfs, f"deleg-{TAG}")
+    open(target, "w").close()
+    os.chown(target, NOBODY, NOBODY)
+    done = subprocess.run(["sh", "-c", AS_USER.format(uid=NOBODY), "sh", cgroup_root + deleg,
+                           cgroup_root + forged, target], capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode == 0, done.stderr
+    assert os.stat(cgroup_root + forged).st_uid == NOBODY          # the user made it
+    assert run_in_cgroup(cgroup_root, real, [["write", target + "-real", 51_200, 4096]]) == [51_200]
+
+    metrics = agent.scrape()
+    writes = {frozenset(ls): v for (n, ls), v in metrics.items()
+              if n == "tracehound_io_write_bytes_total" and ("mountpoint", tmpfs) in ls}
+    of_forged = [dict(ls) for ls in writes if ("cgroup", forged) in ls]
+    assert len(of_forged) == 1 and writes[frozenset(of_forged[0].items())] == 102_400
+    assert "job_id" not in of_forged[0] and "workload" not in of_forged[0], of_forged
+    assert not [ls for (_n, ls) in metrics if ("job_id", FORGED_JOB) in ls]
+    of_real = [dict(ls) for ls in writes if ("cgroup", real) in ls]
+    assert len(of_real) == 1 and writes[frozenset(of_real[0].items())] == 51_200
+    assert {"workload": "slurm", "job_id": REAL_JOB, "step": "0", "task": "0"}.items() \
+        <= of_real[0].items()
