@@ -1,16 +1,20 @@
 """A user with a delegated cgroup subtree (what systemd gives every user, as
-user@UID.service) names directories below it like a Slurm job's and does
-I/O there, as uid 65534: the real agent counts the bytes but labels them
-with no job. Beside it, a tree root made as Slurm does (the step and task
-directories handed to the job's user, as slurmd's cgroup/v1 plugin leaves
-them) keeps its job, step and task."""
+user@UID.service), as uid 65534, against the real agent: a directory named
+like a Slurm job's where the user does I/O labels nothing as that job, while
+a tree root made as Slurm does (the step and task directories handed to the
+job's user, as slurmd's cgroup/v1 plugin leaves them) keeps its job, step
+and task; 4,100 empty directories do not hide a real job's stall."""
+import json
 import os
+import signal
 import subprocess
+import time
+import urllib.request
 import uuid
 
 import pytest
 
-from .conftest import remove_cgroup, require_tools, run_in_cgroup
+from .conftest import remove_cgroup, require_tools, run_in_cgroup, start_agent, stop_agent
 
 NOBODY = 65534
 TAG = int(uuid.uuid4().hex[:4], 16)
@@ -74,3 +78,48 @@ def test_a_job_path_a_user_made_labels_nothing_as_that_job(agent, cgroup_root, t
     assert len(of_real) == 1 and writes[frozenset(of_real[0].items())] == 51_200
     assert {"workload": "slurm", "job_id": REAL_JOB, "step": "0", "task": "0"}.items() \
         <= of_real[0].items()
+
+
+def stall_events(url: str, job: str, timeout: float) -> list[dict]:
+    """The agent's job_stalled events of JOB, once there is one or at the deadline."""
+    deadline, since, got = time.monotonic() + timeout, 0, []
+    while time.monotonic() < deadline:
+        with urllib.request.urlopen(url.removesuffix("/metrics") + f"/events?since={since}",
+                                    timeout=10) as r:
+            page = json.load(r)
+        since = page["next"]
+        got += [e for e in page["events"]
+                if e.get("kind") == "job_stalled" and e.get("job_id") == job]
+        if got:
+            break
+        time.sleep(0.5)
+    return got
+
+
+def test_thousands_of_a_users_empty_cgroups_do_not_hide_a_jobs_stall(hook_mode, cgroup_root,
+                                                                      trees):
+    require_tools("setpriv")
+    deleg, root_made = trees
+    made = subprocess.run(["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups",
+                           "/usr/bin/python3", "-c", "import os, sys\nfor i in range(4100): "
+                           "os.mkdir(os.path.join(sys.argv[1], f'd{i:04d}'))",
+                           cgroup_root + deleg], capture_output=True, text=True, timeout=120)
+    assert made.returncode == 0, made.stderr
+    task = f"{root_made}/{JOB_PATH.format(REAL_JOB)}"
+    rank = subprocess.Popen(["sh", "-c", 'echo $$ > "$0" && exec sleep 600',
+                             cgroup_root + task + "/cgroup.procs"])
+    agent = start_agent(hook_mode, "--stall-after", "2")
+    try:
+        rank.send_signal(signal.SIGSTOP)
+        stalled = stall_events(agent.url, REAL_JOB, timeout=90)
+        assert [e["reason"] for e in stalled] == ["stopped"], stalled
+        metrics = agent.scrape()
+        assert metrics[("tracehound_stall_walk_truncated", frozenset())] == 0
+        assert metrics[("tracehound_pressure_cgroups_truncated", frozenset())] == 0
+        states = {dict(ls).get("state"): v for (n, ls), v in metrics.items()
+                  if n == "tracehound_cgroup_processes" and ("cgroup", task) in ls}
+        assert states.get("stopped") == 1, states
+    finally:
+        stop_agent(agent)
+        rank.kill()
+        rank.wait()

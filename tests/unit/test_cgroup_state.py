@@ -53,7 +53,7 @@ def test_walk_reads_populated_cgroups_with_ids_paths_pressure_and_states(tree):
     root, procs = tree
     w = cs.walk(root, 100, procs)
     assert [c.path for c in w.cgroups] == ["/", "/job", "/job/step"]
-    assert not w.truncated and w.visited == 4              # /empty is visited, not read
+    assert not w.truncated and w.visited == 3              # /empty is looked at, not counted
     by = {c.path: c for c in w.cgroups}
     assert by["/"].cgroup_id == os.stat(root).st_ino
     assert by["/job/step"].cgroup_id == os.stat(os.path.join(root, "job/step")).st_ino
@@ -68,12 +68,32 @@ def test_walk_reads_populated_cgroups_with_ids_paths_pressure_and_states(tree):
 
 def test_walk_stops_at_max_cgroups_and_says_so(tree):
     root, procs = tree
-    # breadth first, names in order: /, /empty (visited, skipped), then the cap
+    # breadth first, names in order: /, /empty (looked at, skipped, not counted), /job,
+    # then the cap
     w = cs.walk(root, 2, procs)
-    assert [c.path for c in w.cgroups] == ["/"]
+    assert [c.path for c in w.cgroups] == ["/", "/job"]
     assert w.visited == 2 and w.truncated
-    assert [c.path for c in cs.walk(root, 3, procs).cgroups] == ["/", "/job"]
-    assert not cs.walk(root, 4, procs).truncated
+    assert not cs.walk(root, 3, procs).truncated
+
+
+def test_empty_directories_cost_looks_not_cgroups_and_a_users_come_last(tree):
+    """A user's directories (below one they own) are walked after root's,
+    however their names sort; empty ones only cost the walk a look each, up
+    to LOOKS_PER_CGROUP per cgroup it may read."""
+    if os.geteuid() != 0:
+        pytest.skip("chown needs root")
+    root, procs = tree
+    cgroup(root, "/a-user", pids=[])
+    os.chown(os.path.join(root, "a-user"), 65534, 65534)
+    cgroup(root, "/a-user/busy", pids=[20])
+    assert [c.path for c in cs.walk(root, 100, procs).cgroups] == \
+        ["/", "/a-user", "/job", "/job/step", "/a-user/busy"]
+    for i in range(30):
+        cgroup(root, f"/a-user/a-empty{i:02d}", populated=False)   # before busy
+    w = cs.walk(root, 100, procs)
+    assert w.visited == 5 and not w.truncated
+    w = cs.walk(root, 5, procs)                     # 5 cgroups, 20 looks: spent on the empties
+    assert [c.path for c in w.cgroups] == ["/", "/a-user", "/job", "/job/step"] and w.truncated
 
 
 def test_process_states_of_one_cgroup(tree):

@@ -107,10 +107,10 @@ def test_every_series_carries_all_workload_labels(tmp_path):
 def test_a_cut_walk_says_so_and_the_walked_ids_are_retained(tmp_path):
     root, procs = fake_host(tmp_path)
     own = owners(root)
-    m = scrape(PressureCollector(root, own, 3, procs))
+    m = scrape(PressureCollector(root, own, 2, procs))
     assert m[("tracehound_pressure_cgroups_truncated", ())] == 1
     assert m[("tracehound_pressure_cgroups", ())] == 2
-    # /idle was visited (and skipped), / and /system.slice were read: the
+    # /idle was looked at (and skipped, uncounted), / and /system.slice were read: the
     # ids the collector refers to, which the schedule's pruning keeps
     own.prune()
     assert own.cgroups.retained[-1] == {os.stat(root).st_ino,

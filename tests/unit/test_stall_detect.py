@@ -1,12 +1,14 @@
 """The stall rule over a cgroup tree on disk, progress sources and process
 states the test controls: which workloads are watched, the first look as a
-baseline, one event per episode, blind cgroups, stopped and frozen jobs."""
+baseline, one event per episode, blind cgroups, stopped and frozen jobs,
+and the walk's order and bound."""
 import os
 
 import pytest
 
 from tracehound.attribution.workload import WORKLOAD_LABELS
 from tracehound.detect.progress_board import ProgressBoard
+from tracehound.detect import stall
 from tracehound.detect.stall import StallConfig, StallDetector
 
 
@@ -303,3 +305,36 @@ def test_a_job_without_a_gpu_that_computes_is_working_and_one_that_sleeps_is_not
         det.run_once(t)
     assert kinds(events) == [("job_stalled", "no_progress")]
     assert events[0]["stalled_for_s"] == 5 and events[0]["cpu_seconds"] == 0.05
+
+
+def gauge(det, name: str) -> float:
+    return next(fam.samples[0].value for fam in det.collect() if fam.name == name)
+
+
+def test_empty_subtrees_are_passed_over_and_a_users_directories_walked_last(setup, monkeypatch):
+    """More directories than the walk's bound, made by a user below their own
+    (one empty subtree, then populated ones): the job root made is watched,
+    and the walk says it stopped short."""
+    if os.geteuid() != 0:
+        pytest.skip("chown needs root")
+    tree, _board, _values, events, make = setup
+    monkeypatch.setattr(stall, "MAX_CGROUPS", 8)
+    tree.add("/a-user", {})
+    os.chown(os.path.join(tree.root, "a-user"), 65534, 65534)
+    for i in range(20):
+        tree.add(f"/a-user/d{i:02d}", {"sleeping": 1})
+    tree.add("/a-user/empty")
+    with open(os.path.join(tree.root, "a-user", "empty", "cgroup.events"), "w") as f:
+        f.write("populated 0\nfrozen 0\n")
+    for i in range(50):
+        os.makedirs(os.path.join(tree.root, "a-user", "empty", f"e{i}"))
+    tree.add("/slurm/job_7/step_0/task_0", {"stopped": 1})
+    det = make(stall_after=5)
+    for t in (0, 5, 10):
+        det.run_once(t)
+    assert kinds(events) == [("job_stalled", "stopped")]
+    assert gauge(det, "tracehound_stall_watched_workloads") == 1
+    assert gauge(det, "tracehound_stall_walk_truncated") == 1
+    monkeypatch.setattr(stall, "MAX_CGROUPS", 4096)
+    det.run_once(12)
+    assert gauge(det, "tracehound_stall_walk_truncated") == 0

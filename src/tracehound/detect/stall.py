@@ -39,7 +39,7 @@ from dataclasses import dataclass, field
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..attribution.workload import WORKLOAD_LABELS
-from ..host.cgroup_state import cpu_usec, process_states
+from ..host.cgroup_state import Walk, cpu_usec, populated_cgroups, process_states
 from . import log_event, now_iso
 from .progress_board import ProgressBoard
 
@@ -118,30 +118,27 @@ class StallDetector:
         return None
 
     def _walk(self):
-        """(cgroup id, path, directory) of every cgroup, breadth first, bounded."""
-        pending, seen = [("/", self.root)], 0
-        self.truncated = False
-        while pending:
-            path, directory = pending.pop(0)
-            try:
-                ino = os.stat(directory).st_ino
-                children = sorted(e.name for e in os.scandir(directory)
-                                  if e.is_dir(follow_symlinks=False))
-            except OSError:
-                continue        # removed while we walk
-            seen += 1
-            if seen > MAX_CGROUPS:
-                self.truncated = True
-                return
-            yield ino, path, directory
-            pending.extend((path.rstrip("/") + "/" + name, os.path.join(directory, name))
-                           for name in children)
+        """(cgroup id, path, directory, key) of every populated cgroup, as
+        cgroup_state.populated_cgroups walks them (root's directories first,
+        and a workload's own even where its user owns them); stopping at the
+        bound is said by tracehound_stall_walk_truncated."""
+        keys: dict[str, tuple | None] = {}
+
+        def key(path: str) -> tuple | None:
+            if path not in keys:
+                keys[path] = self._key(path)
+            return keys[path]
+        out = Walk()
+        for directory, path, cgid in populated_cgroups(
+                self.root, MAX_CGROUPS, out,
+                lambda path, uid: uid == 0 or key(path) is not None):
+            yield cgid, path, directory, key(path)
+        self.truncated = out.truncated
 
     # -- the rule ---------------------------------------------------------------
     def run_once(self, now: float) -> None:
         found: dict[tuple, list[tuple[int, str, str]]] = {}
-        for cgid, path, directory in self._walk():
-            key = self._key(path)
+        for cgid, path, directory, key in self._walk():
             if key is not None:
                 found.setdefault(key, []).append((cgid, path, directory))
         readings = self.board.read()
@@ -235,6 +232,10 @@ class StallDetector:
         yield GaugeMetricFamily("tracehound_stall_watched_workloads",
                                 "Workloads (scheduler jobs, pods, VMs, --stall-cgroups) the "
                                 "stall detector watches.", value=watched)
+        yield GaugeMetricFamily("tracehound_stall_walk_truncated",
+                                "1 when the stall detector's last walk of the cgroup tree "
+                                "stopped at its bound: workloads past it were not judged.",
+                                value=int(self.truncated))
         fam = CounterMetricFamily("tracehound_job_anomalies",
                                   "Job anomalies detected, by rule.", labels=["kind"])
         for kind, n in counts.items():

@@ -2,12 +2,14 @@
 and /proc at scrape time.
 
 The walk goes breadth first from the agent's cgroup2 root, children in name
-order, and reads at most `max_cgroups` directories (every one visited counts,
-so the cost of a scrape stays bounded whatever the tree holds); the result
-says when it stopped short. A cgroup whose `cgroup.events` says `populated 0`
-has no process in it or below it: it is skipped with its whole subtree, so
-the thousands of empty leftovers a busy node can carry cost one small read
-each and no series. The root is always read.
+order, what root made before what other users made below their own
+directories, and reads at most `max_cgroups` populated cgroups and looks at
+four times as many directories, so the cost of a scrape stays bounded
+whatever the tree holds; the result says when it stopped short. A cgroup
+whose `cgroup.events` says `populated 0` has no process in it or below it:
+it is skipped with its whole subtree, uncounted, so the thousands of empty
+leftovers a busy node can carry (or a user makes) cost one small read each
+and no series. The root is always read.
 
 Every file is read with a size cap and every read may fail: processes exit
 and cgroups are removed while we walk, and such an entry is simply left out.
@@ -16,6 +18,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 RESOURCES = ("cpu", "memory", "io")
@@ -143,8 +146,8 @@ class CgroupState:
 @dataclass
 class Walk:
     cgroups: list[CgroupState] = field(default_factory=list)
-    truncated: bool = False     # stopped at max_cgroups with directories left
-    visited: int = 0
+    truncated: bool = False     # stopped at its bound with directories left
+    visited: int = 0            # populated cgroups met
 
 
 def read_cgroup(directory: str, rel: str, cgroup_id: int, proc_root: str = "/proc",
@@ -162,35 +165,61 @@ def read_cgroup(directory: str, rel: str, cgroup_id: int, proc_root: str = "/pro
     return st
 
 
-def walk(root: str, max_cgroups: int, proc_root: str = "/proc",
-         pid_limit: int = MAX_PIDS, read_if=None) -> Walk:
-    """Every populated cgroup under `root` (itself included), at most
-    `max_cgroups` directories visited; with `read_if(path)`, only the
-    cgroups it wants are read (a v1 root holds every other process of the
-    host: reading their states would be wasted)."""
-    out = Walk()
+# directories looked at, per cgroup a walk may yield: empty ones cost a look
+LOOKS_PER_CGROUP = 4
+
+
+def populated_cgroups(root: str, max_cgroups: int, out: Walk,
+                      children_first: Callable[[str, int], bool] | None = None):
+    """(directory, path, cgroup id) of every populated cgroup under ROOT
+    (itself included), breadth first, at most MAX_CGROUPS of them and
+    LOOKS_PER_CGROUP times as many directories looked at; OUT counts and
+    says whether it stopped short.
+
+    Anyone with a delegated subtree makes directories, as many as they
+    like: an empty subtree is passed over uncounted (cgroup.events), and
+    the children of a directory root does not own are walked after all the
+    others, unless children_first(path, owner uid) says they are wanted
+    (by default: only root's). What root made is thus walked first."""
+    first = children_first or (lambda _path, uid: uid == 0)
     try:
-        root_id = os.stat(root).st_ino
+        root_st = os.stat(root)
     except OSError:
-        return out
-    pending: deque[tuple[str, str, int]] = deque([(root.rstrip("/") or "/", "/", root_id)])
-    while pending:
-        if out.visited >= max_cgroups:
+        return
+    queue: deque = deque([(root.rstrip("/") or "/", "/", root_st.st_ino)])
+    later: deque = deque()
+    looks = 0
+    while queue or later:
+        if out.visited >= max_cgroups or looks >= max_cgroups * LOOKS_PER_CGROUP:
             out.truncated = True
-            break
-        directory, rel, cgid = pending.popleft()
-        out.visited += 1
+            return
+        directory, rel, cgid = (queue or later).popleft()
+        looks += 1
         if rel != "/" and not populated(directory):
             continue
         try:
+            uid = os.stat(directory).st_uid
             children = sorted((e.name, e.inode()) for e in os.scandir(directory)
                               if e.is_dir(follow_symlinks=False))
         except OSError:
             continue        # removed while we walk
+        out.visited += 1
+        yield directory, rel, cgid
+        (queue if first(rel, uid) else later).extend(
+            (os.path.join(directory, name), rel.rstrip("/") + "/" + name, ino)
+            for name, ino in children)
+
+
+def walk(root: str, max_cgroups: int, proc_root: str = "/proc",
+         pid_limit: int = MAX_PIDS, read_if=None) -> Walk:
+    """Every populated cgroup under `root` (itself included), as
+    populated_cgroups walks them; with `read_if(path)`, only the cgroups it
+    wants are read (a v1 root holds every other process of the host:
+    reading their states would be wasted)."""
+    out = Walk()
+    for directory, rel, cgid in populated_cgroups(root, max_cgroups, out):
         if read_if is None or read_if(rel):
             out.cgroups.append(read_cgroup(directory, rel, cgid, proc_root, pid_limit))
-        for name, ino in children:
-            pending.append((os.path.join(directory, name), rel.rstrip("/") + "/" + name, ino))
     return out
 
 
