@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 from ..exporter import text_parse
 from ..clients import prometheus
-from ..clients.agent_client import open_agent
+from ..clients.agent_client import AnswerError, read_agent
 
 DEFAULT_AGENT_URL = "http://127.0.0.1:9560/metrics"
 _NAME = r"[a-zA-Z_:][a-zA-Z0-9_:]*"
@@ -76,8 +76,9 @@ def parse_selector(text: str) -> Selector:
 def fetch(url: str, timeout: float) -> str:
     try:
         # https, a CA, a client certificate and a password from the environment
-        with open_agent(url, timeout, {"Accept": "text/plain"}) as r:
-            return r.read().decode("utf-8", "replace")
+        return read_agent(url, timeout, {"Accept": "text/plain"}).decode("utf-8", "replace")
+    except AnswerError as exc:
+        raise QueryError(str(exc)) from None
     except OSError as exc:
         raise QueryError(f"cannot read {url}: {getattr(exc, 'reason', exc)}") from None
 

@@ -30,6 +30,7 @@ import io
 import os
 import re
 import ssl
+import time
 import urllib.error
 import urllib.request
 from typing import Mapping, Optional
@@ -115,6 +116,38 @@ def auth_header(env: Mapping[str, str] = os.environ) -> Optional[str]:
     with open(path, "rb") as f:
         password = f.read().rstrip(b"\r\n")
     return "Basic " + base64.b64encode(user.encode() + b":" + password).decode()
+
+
+# the most of an agent's answer a client reads: a busy node's whole
+# exposition is a few MB; an endless or a one-line answer stops here
+MAX_ANSWER_BYTES = 64 << 20
+
+
+class AnswerError(OSError):
+    """An agent's answer past its bound, in bytes or in time."""
+
+
+def read_agent(url: str, timeout: float, headers: Optional[dict] = None,
+               limit: int = MAX_ANSWER_BYTES, env: Mapping[str, str] = os.environ) -> bytes:
+    """The body of an agent's answer (open_agent), at most LIMIT bytes and
+    whole within TIMEOUT seconds from the start: an endless, a huge or a
+    trickling answer is an AnswerError, never a client that grows or waits
+    without end. Each read waits at most TIMEOUT too, so the whole takes at
+    most twice that."""
+    deadline = time.monotonic() + timeout
+    chunks, size = [], 0
+    with open_agent(url, timeout, headers, env) as resp:
+        while True:
+            chunk = resp.read1(1 << 16)
+            if not chunk:
+                break
+            size += len(chunk)
+            if size > limit:
+                raise AnswerError(f"{url}: the answer exceeds {limit >> 20} MiB")
+            chunks.append(chunk)
+            if time.monotonic() > deadline:
+                raise AnswerError(f"{url}: no whole answer within {timeout:g} s")
+    return b"".join(chunks)
 
 
 def open_agent(url: str, timeout: float, headers: Optional[dict] = None,

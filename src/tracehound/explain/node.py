@@ -25,17 +25,12 @@ import os
 import time
 
 from ..exporter import text_parse
-from ..clients.agent_client import open_agent
+from ..clients.agent_client import AnswerError, read_agent
 from ..conditions import BY_GAUGE as CONDITION_GAUGES
 from .answer import (JOB_ID, PRESENCE, Answer, ExplainError, Finding, judged, rank, seconds,
                      valid_window, xid_verdict)
 from . import span
 from .rules import RULES, Rule, compared
-
-# what node mode reads at most of each page: a busy node's /metrics is tens
-# of MB; the job's series are a small part, but they are spread over it
-MAX_BYTES = 256 << 20
-
 
 # XIDs of a job Slurm does not know: the agent's events of this long ago
 XID_DEFAULT_S = 15 * 60
@@ -80,12 +75,11 @@ def explain_node(url: str, job: str, window: str | None = None, node: str | None
 
 def _read(url: str, accept: str) -> str:
     try:
-        with open_agent(url, 10.0, {"Accept": accept}) as r:
-            body = r.read(MAX_BYTES + 1)
+        body = read_agent(url, 10.0, {"Accept": accept})
+    except AnswerError as exc:
+        raise ExplainError(str(exc)) from None
     except OSError as exc:
         raise ExplainError(f"cannot read {url}: {getattr(exc, 'reason', exc)}") from None
-    if len(body) > MAX_BYTES:
-        raise ExplainError(f"{url}: more than {MAX_BYTES >> 20} MiB")
     return body.decode("utf-8", "replace")
 
 

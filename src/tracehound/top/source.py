@@ -10,12 +10,11 @@ import math
 import re
 import time
 import urllib.error
-import urllib.request
 from typing import Optional
 
 from ..attribution.workload import WORKLOAD_LABELS
 from ..clients import prometheus
-from ..clients.agent_client import DEFAULT_METRICS_URL, open_agent
+from ..clients.agent_client import DEFAULT_METRICS_URL, AnswerError, read_agent
 from ..errors import TracehoundError
 from ..probes.io_maps import OPS
 from .model import NAMING_LABELS, RATES, TOTALS, Snapshot, add_to_rows, io_row_for
@@ -30,13 +29,15 @@ class SourceError(TracehoundError):
     pass
 
 
-def _get(url: str, timeout: float, opener=urllib.request.urlopen) -> bytes:
+def _get(url: str, timeout: float) -> bytes:
+    """An agent's answer, bounded in bytes and time (agent_client.read_agent)."""
     try:
-        with opener(url, timeout=timeout) as resp:
-            return resp.read()
+        return read_agent(url, timeout)
     except urllib.error.HTTPError as exc:
-        body = exc.read().decode(errors="replace")[:300]
+        body = exc.read(300).decode(errors="replace")
         raise SourceError(f"{url}: HTTP {exc.code} {body.strip()}") from None
+    except AnswerError as exc:
+        raise SourceError(str(exc)) from None
     except (urllib.error.URLError, OSError) as exc:
         reason = getattr(exc, "reason", exc)
         raise SourceError(f"cannot reach {url}: {reason}") from None
@@ -53,7 +54,7 @@ class MetricsSource:
     def scrape(self) -> Scrape:
         start = time.monotonic()
         # the agent's TLS settings and password (TRACEHOUND_*), over https only
-        body = _get(self.url, self.timeout, open_agent)
+        body = _get(self.url, self.timeout)
         # The agent reads its maps while answering: the middle of the request
         # is the best estimate of when the counters were read.
         taken_at = (start + time.monotonic()) / 2
