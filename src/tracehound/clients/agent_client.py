@@ -36,6 +36,7 @@ import urllib.request
 from typing import Mapping, Optional
 
 from .. import defaults
+from ..regular_file import read_regular
 from .local_agent import LocalAgentError, check_socket, read_local, socket_path
 
 URL_VARIABLE = "TRACEHOUND_METRICS_URL"
@@ -113,8 +114,7 @@ def auth_header(env: Mapping[str, str] = os.environ) -> Optional[str]:
     user, path = env.get("TRACEHOUND_USERNAME"), env.get("TRACEHOUND_PASSWORD_FILE")
     if not (user and path):
         return None
-    with open(path, "rb") as f:
-        password = f.read().rstrip(b"\r\n")
+    password = read_regular(path).rstrip(b"\r\n")
     return "Basic " + base64.b64encode(user.encode() + b":" + password).decode()
 
 

@@ -17,7 +17,8 @@ so that a fleet reuses the files it has:
       prometheus: $2y$10$...                      # bcrypt
 
 The file is read once, at start: any error (an unknown key, a file that
-cannot be read, a certificate that does not match its key) stops the agent
+cannot be read or is no regular file, a certificate that does not match its
+key) stops the agent
 before anything is started. The certificate, key and client CA files are
 read again when they change (tls_reload.py); the file itself (users,
 headers, settings) takes a restart.
@@ -33,6 +34,7 @@ from typing import Optional
 
 import yaml
 
+from ..regular_file import check_regular, read_regular
 from .basic_auth import BasicAuth, check_hash
 from .tls_reload import CertificateReloader
 
@@ -100,8 +102,7 @@ class WebConfig:
 def load(path: str) -> WebConfig:
     """The web configuration at path, every part of it checked."""
     try:
-        with open(path, encoding="utf-8") as f:
-            doc = yaml.safe_load(f)
+        doc = yaml.safe_load(read_regular(path).decode("utf-8"))
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         raise WebConfigError(f"cannot read it: {exc}") from None
     if doc is None:
@@ -222,7 +223,8 @@ def _context(get: dict, base: str, verify, has_ca: bool) -> ssl.SSLContext:
             if get["client_ca"]:
                 context.load_verify_locations(cadata=get["client_ca"])
             else:
-                context.load_verify_locations(cafile=_path(base, get["client_ca_file"]))
+                context.load_verify_locations(
+                    cafile=check_regular(_path(base, get["client_ca_file"])))
         except (OSError, ssl.SSLError) as exc:
             raise WebConfigError(f"{where}.client_ca: cannot load it: {exc}") from None
     context.verify_mode = verify
@@ -248,7 +250,8 @@ def _load_chain(context: ssl.SSLContext, get: dict, base: str) -> None:
     where = "tls_server_config"
     if get["cert_file"]:
         try:
-            context.load_cert_chain(_path(base, get["cert_file"]), _path(base, get["key_file"])
+            context.load_cert_chain(check_regular(_path(base, get["cert_file"])),
+                                    check_regular(_path(base, get["key_file"]))
                                     if get["key_file"] else None)
         except (OSError, ssl.SSLError) as exc:
             raise WebConfigError(f"{where}: cannot load cert_file/key_file: {exc}") from None

@@ -1,0 +1,52 @@
+"""Files an operator names (a web configuration, the certificates it names,
+a password file) read as regular files only: a FIFO or a device at the name
+would hang start-up or be read without end. Opened without blocking, checked
+on the descriptor (what is read is what was checked), read up to a bound.
+Links are followed: a Kubernetes secret mounts its files as links."""
+from __future__ import annotations
+
+import os
+import stat
+
+# a configuration, a certificate chain or a password: kilobytes
+MAX_CONFIG_BYTES = 1 << 20
+
+
+class NotRegularFile(OSError):
+    pass
+
+
+def read_regular(path: str, limit: int = MAX_CONFIG_BYTES) -> bytes:
+    """The bytes of PATH; NotRegularFile when it is not a regular file or is
+    over LIMIT bytes, OSError when it cannot be opened."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise NotRegularFile(f"{path} is not a regular file")
+        if st.st_size > limit:
+            raise NotRegularFile(f"{path} has {st.st_size} bytes, more than {limit}")
+        chunks, size = [], 0
+        while size <= limit:
+            chunk = os.read(fd, limit + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > limit:
+            raise NotRegularFile(f"{path} grew past {limit} bytes while read")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def check_regular(path: str) -> str:
+    """PATH, once it is known to be a regular file (for a library that opens
+    it itself, such as ssl's load_cert_chain); NotRegularFile otherwise."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            raise NotRegularFile(f"{path} is not a regular file")
+    finally:
+        os.close(fd)
+    return path
