@@ -97,3 +97,25 @@ def test_a_job_that_wrote_and_then_only_sleeps_is_stalled_and_the_others_are_not
         assert watched == 3, (steady, spinning)
     finally:
         stop_agent(agent)
+
+
+def test_a_backtracking_pattern_against_a_users_path_neither_freezes_the_agent_nor_sigterm(
+        hook_mode, jobs, cgroup_root):
+    """--stall-cgroups `(a|aa)*c` takes Python's engine about 2^200 steps on a
+    cgroup named with 200 a's, holding the interpreter: the agent froze,
+    scrapes and SIGTERM included. The path is walked (a process lives there)
+    before its sibling `w`, which the pattern watches."""
+    start, tag = jobs
+    start("a" * 200, ["sleep", "600"])
+    start("w", ["sleep", "600"])
+    agent = start_agent(hook_mode, "--stall-cgroups",
+                        f"/thtest/stall-{tag}-((a|aa)*c|w)")
+    try:
+        deadline, watched = time.monotonic() + 60, 0
+        while watched != 1 and time.monotonic() < deadline:
+            watched = sum(v for (n, _), v in agent.scrape().items()
+                          if n == "tracehound_stall_watched_workloads")
+            time.sleep(0.5)
+        assert watched == 1
+    finally:
+        stop_agent(agent)       # fails the test if SIGTERM is ignored for 20 s

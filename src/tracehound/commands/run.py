@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import re
 import sys
 import threading
 import urllib.parse
@@ -12,6 +11,7 @@ from .. import defaults, instance
 from ..attribution.cgroup_layout import CHOICES as CGROUP_KEYS
 from ..gpu.bus_ids import bus_id_list
 from ..host.mounts import DEFAULT_SKIP_FSTYPES
+from ..linear_regex import LinearPattern
 
 
 # Upper bounds: each io_stats entry holds about 1 KB of kernel memory
@@ -74,9 +74,9 @@ def _seconds(low: float, high: float, off: bool = False):
 
 def _regex(value: str) -> str:
     try:
-        re.compile(value)
-    except re.error as exc:
-        raise argparse.ArgumentTypeError(f"{value!r} is not a regular expression: {exc}") from None
+        LinearPattern(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(f"{value!r}: {exc}") from None
     return value
 
 
@@ -230,8 +230,8 @@ def add_parser(sub, hook) -> None:
                           f"{defaults.STALL_AFTER_S:g}; 0: off)")
     run.add_argument("--stall-cgroups", type=_regex, metavar="REGEX",
                      help="also watch for stalls the cgroups whose v2 path matches this regular "
-                          "expression (whole path, e.g. '/batch/.*'); systemd units are not "
-                          "watched unless named here")
+                          "expression (RE2 syntax, matched in linear time; whole path, e.g. "
+                          "'/batch/.*'); systemd units are not watched unless named here")
     run.add_argument("--instance", type=instance.instance_name, default=defaults.INSTANCE,
                      metavar="NAME",
                      help="run as this named instance, one of several agents on the host "

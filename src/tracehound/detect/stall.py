@@ -31,7 +31,6 @@ idles, and `cpu_seconds` in the event says so.
 from __future__ import annotations
 
 import os
-import re
 import threading
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -40,6 +39,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from ..attribution.workload import WORKLOAD_LABELS
 from ..host.cgroup_state import Walk, cpu_usec, populated_cgroups, process_states
+from ..linear_regex import LinearPattern
 from . import log_event, now_iso
 from .progress_board import ProgressBoard
 
@@ -97,7 +97,7 @@ class StallDetector:
         self.emit = emit
         self.states = states
         self.in_scope = in_scope            # --cgroup-scope: another node's cgroups are not ours
-        self._pattern = re.compile(config.cgroups) if config.cgroups else None
+        self._pattern = LinearPattern(config.cgroups) if config.cgroups else None
         self._jobs: dict[tuple, _Workload] = {}
         self._counts = dict.fromkeys(KINDS, 0)
         self._lock = threading.Lock()

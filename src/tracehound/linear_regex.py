@@ -1,0 +1,32 @@
+"""Regular expressions given on the command line, matched against names any
+user makes (cgroup paths), in time linear in the name: RE2's syntax and
+guarantee (google-re2). Python's backtracking engine took minutes on one
+crafted path against a pattern like `(a|a)*b`, holding the interpreter, so
+the agent did not even end on SIGTERM. RE2 has no backreferences and no
+lookaround: a pattern that needs them is refused when the flag is read.
+
+A name is matched as valid UTF-8 (a byte that is not shows as U+FFFD, as in
+the agent's labels)."""
+from __future__ import annotations
+
+import re2
+
+from .exporter.utf8 import valid_utf8
+
+_OPTIONS = re2.Options()
+_OPTIONS.log_errors = False     # the error is raised, with its reason
+
+
+class LinearPattern:
+    def __init__(self, pattern: str):
+        self.pattern = pattern
+        try:
+            self._compiled = re2.compile(pattern, _OPTIONS)
+        except re2.error as exc:
+            reason = exc.args[0] if exc.args else exc
+            if isinstance(reason, bytes):
+                reason = reason.decode("utf-8", "replace")
+            raise ValueError(f"not a regular expression RE2 accepts: {reason}") from None
+
+    def fullmatch(self, name: str) -> bool:
+        return self._compiled.fullmatch(valid_utf8(name)) is not None
