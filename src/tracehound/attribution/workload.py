@@ -15,6 +15,8 @@ SLURM = "slurm"
 KUBERNETES = "kubernetes"
 VM = "vm"
 SYSTEMD = "systemd"
+# what a scheduler started (a job, a pod, a VM), as opposed to a service
+SCHEDULED = (SLURM, KUBERNETES, VM)
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from .. import defaults
 from ..attribution.owners import Owners
-from ..attribution.workload import WORKLOAD_LABELS
+from ..attribution.workload import SCHEDULED, WORKLOAD_LABELS
 from ..exporter.rows import Blocks, HistogramRows, Log2Histogram, Slices, ValueRows
 from ..exporter.series import SeriesBook
 from ..host.mounts import MountTable
@@ -29,6 +29,7 @@ LATENCY = Log2Histogram(HIST_SLOTS, 1e-9, FIRST_EXPORTED_POW)
 # where label sets beyond the series cap are counted
 OVERFLOW = ("__overflow__",) * 3 + ("",) * len(WORKLOAD_LABELS)
 LABELS = ["cgroup", "mountpoint", "fstype", *WORKLOAD_LABELS]
+_KIND = LABELS.index("workload")
 BUCKET_BOUNDS = list(zip(range(FIRST_EXPORTED_POW, HIST_SLOTS), LATENCY.bounds))
 # --latency-histograms (defaults.LATENCY_HISTOGRAM_CHOICES): the indexes in
 # LABELS each latency histogram keeps (None: all); the counters keep all.
@@ -123,7 +124,9 @@ class IoCollector:
         self.probe = probe
         self.mounts = mounts
         self.owners = owners
-        self.book: SeriesBook[IoSample] = SeriesBook(IoSample, OVERFLOW, max_series)
+        # a job's, pod's or VM's label set is never the one that folds
+        self.book: SeriesBook[IoSample] = SeriesBook(
+            IoSample, OVERFLOW, max_series, keeps=lambda labels: labels[_KIND] in SCHEDULED)
         self.histogram_labels = HISTOGRAM_LABELS[latency_histograms]
         # operations the kernel times: the others have no histogram to show
         self.timed = timed

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
-from ..attribution.workload import WORKLOAD_LABELS
+from ..attribution.workload import SCHEDULED, WORKLOAD_LABELS
 from ..host.cgroup_state import Walk, cpu_usec, populated_cgroups, process_states
 from ..linear_regex import LinearPattern
 from . import log_event, now_iso
@@ -48,7 +48,7 @@ GPU_SOURCE = "gpu"
 # CPU time that counts as work for a job without a GPU: 5 % of one CPU. A
 # process waiting in poll() or on a lock uses next to none.
 CPU_BUSY_SHARE = 0.05
-JOB_WORKLOADS = ("slurm", "kubernetes", "vm")
+JOB_WORKLOADS = SCHEDULED
 PART_LABELS = ("step", "task", "container")
 # a node has hundreds of cgroups, a busy one a few thousand: bound the walk
 MAX_CGROUPS = 4096

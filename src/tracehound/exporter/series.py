@@ -8,8 +8,14 @@ the number of label sets must stay bounded. SeriesBook keeps both promises:
   exported with the label set: once more if nothing else uses it (the last
   export), or for as long as live entries share it (a new cgroup at the same
   path continues the counter instead of resetting it);
-- at most `max_series` label sets are admitted, first come first served; the
-  rest are folded into one overflow label set whose counters only grow.
+- at most `max_series` label sets are admitted; the rest are folded into
+  one overflow label set whose counters only grow. First come, first served,
+  but for the label sets `keeps` names (a scheduler's job, a pod, a VM): one
+  of those is admitted whenever it comes, in the place of one that is not,
+  which folds (its counters go on in overflow), so a user who makes label
+  sets first cannot push a later job into overflow. Only when every
+  admitted set is kept does a kept one pass the cap: their number is the
+  scheduler's, not a user's.
 
 Samples are any objects with a `merge(other)` method and a zero-argument
 constructor (`factory`). The live samples handed to `scrape` are adopted,
@@ -26,11 +32,14 @@ S = TypeVar("S")
 
 
 class SeriesBook(Generic[S]):
-    def __init__(self, factory: Callable[[], S], overflow: Labels, max_series: int = 0):
+    def __init__(self, factory: Callable[[], S], overflow: Labels, max_series: int = 0,
+                 keeps: Callable[[Labels], bool] = lambda labels: False):
         self.factory = factory
         self.overflow = overflow
         self.max_series = max_series      # 0: no limit
-        self._admitted: set[Hashable] = set()
+        self.keeps = keeps
+        # insertion-ordered: the oldest set that is not kept folds first
+        self._admitted: dict[Hashable, None] = {}
         self._folded: set[Hashable] = set()
         self._base: dict[Hashable, S] = {}
         # label sets retired into since the last scrape: it exports them once more
@@ -42,12 +51,34 @@ class SeriesBook(Generic[S]):
         if labels in self._admitted or labels == self.overflow:
             return labels
         if not self.max_series or len(self._admitted) < self.max_series:
-            self._admitted.add(labels)
+            self._admitted[labels] = None
+            return labels
+        if self.keeps(labels):
+            self._fold_one_not_kept()
+            self._admitted[labels] = None
+            self._folded.discard(labels)
             return labels
         if labels not in self._folded:
             self._folded.add(labels)
             self.folded_total += 1
         return self.overflow
+
+    def _fold_one_not_kept(self) -> None:
+        """Make room for a kept set: the oldest admitted set that is not kept
+        folds into overflow, with the base it had."""
+        victim = next((labels for labels in self._admitted if not self.keeps(labels)), None)
+        if victim is None:
+            return
+        del self._admitted[victim]
+        self._folded.add(victim)
+        self.folded_total += 1
+        base = self._base.pop(victim, None)
+        if base is not None:
+            into = self._base.get(self.overflow)
+            if into is None:
+                into = self._base[self.overflow] = self.factory()
+            into.merge(base)
+        self._pending.discard(victim)
 
     def retire(self, retired: dict[Labels, S]) -> None:
         """The final values of entries just deleted from the map: added to
@@ -86,9 +117,10 @@ class SeriesBook(Generic[S]):
             else:
                 # exported once after its last entry went away: forget it
                 del self._base[key]
-                self._admitted.discard(key)
+                self._admitted.pop(key, None)
         # admitted label sets with neither entries nor base are gone too
-        self._admitted &= in_use | set(self._base)
+        for key in [k for k in self._admitted if k not in in_use and k not in self._base]:
+            del self._admitted[key]
         return out
 
     @property
