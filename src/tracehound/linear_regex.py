@@ -5,13 +5,11 @@ crafted path against a pattern like `(a|a)*b`, holding the interpreter, so
 the agent did not even end on SIGTERM. RE2 has no backreferences and no
 lookaround: a pattern that needs them is refused when the flag is read.
 
-A name is matched as valid UTF-8 (a byte that is not shows as U+FFFD, as in
-the agent's labels)."""
+A name is matched as valid UTF-8: a byte that is not (kept as a surrogate
+when read) is matched as U+FFFD, as the agent's labels show it."""
 from __future__ import annotations
 
 import re2
-
-from .exporter.utf8 import valid_utf8
 
 _OPTIONS = re2.Options()
 _OPTIONS.log_errors = False     # the error is raised, with its reason
@@ -29,4 +27,6 @@ class LinearPattern:
             raise ValueError(f"not a regular expression RE2 accepts: {reason}") from None
 
     def fullmatch(self, name: str) -> bool:
-        return self._compiled.fullmatch(valid_utf8(name)) is not None
+        text = name if name.isascii() else \
+            name.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+        return self._compiled.fullmatch(text) is not None

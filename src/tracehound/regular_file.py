@@ -26,18 +26,25 @@ def read_regular(path: str, limit: int = MAX_CONFIG_BYTES) -> bytes:
             raise NotRegularFile(f"{path} is not a regular file")
         if st.st_size > limit:
             raise NotRegularFile(f"{path} has {st.st_size} bytes, more than {limit}")
-        chunks, size = [], 0
-        while size <= limit:
-            chunk = os.read(fd, limit + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        if size > limit:
+        data = read_upto(fd, limit)
+        if len(data) > limit:
             raise NotRegularFile(f"{path} grew past {limit} bytes while read")
-        return b"".join(chunks)
+        return data
     finally:
         os.close(fd)
+
+
+def read_upto(fd: int, most: int) -> bytes:
+    """What FD holds, read to its end but never more than MOST + 1 bytes:
+    a longer answer says the file holds (or grew to) more than MOST."""
+    chunks, size = [], 0
+    while size <= most:
+        chunk = os.read(fd, min(1 << 20, most + 1 - size))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        size += len(chunk)
+    return b"".join(chunks)
 
 
 def check_regular(path: str) -> str:

@@ -201,7 +201,8 @@ def test_fault_settings_fit_the_gpu():
 
 def test_the_pack_fetches_what_the_image_lacks():
     pyproject = (ROOT / "pyproject.toml").read_text()
-    assert gpu_check.missing_dependencies(pyproject) == ["bcrypt>=4", "pyelftools>=0.29"]
+    assert gpu_check.missing_dependencies(pyproject) == ["bcrypt>=4", "pyelftools>=0.29",
+                                                         "google-re2>=1.1"]
 
 
 def _bin(tmp_path, nvidia_smi: str | None) -> str:

@@ -242,7 +242,7 @@ def test_the_scanner_resolves_relative_and_nested_imports():
 # ("Layers") says the same in words.
 LAYERS = (
     ("base", {PKG, "errors", "defaults", "printable", "signals", "conditions", "logsink",
-              "terminal_progress"}),
+              "terminal_progress", "regular_file", "linear_regex"}),
     ("node access", {"host", "bpf", "clients", "instance"}),
     ("sources and formats", {"attribution", "probes", "gpu", "exporter", "config",
                              "preflight"}),

@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 
 from ..errors import TracehoundError
 from ..host.rooted_open import OVERLAYFS, RootedOpenError, fs_type, open_regular
+from ..regular_file import read_upto
 from .elf_exports import LIMITS as ELF_LIMITS, ElfOverBudget, ElfRefused, default_function_offsets
 
 log = logging.getLogger(__name__)
@@ -136,16 +137,10 @@ def _maps_this(fd: int, st: os.stat_result, cand: Candidate) -> bool:
 
 
 def read_whole(fd: int, most: int) -> bytes:
-    chunks, size = [], 0
-    while size <= most:
-        chunk = os.read(fd, min(1 << 20, most + 1 - size))
-        if not chunk:
-            break
-        chunks.append(chunk)
-        size += len(chunk)
-    if size > most:
+    data = read_upto(fd, most)
+    if len(data) > most:
         raise LibraryError(f"grew past {most} bytes while read")
-    return b"".join(chunks)
+    return data
 
 
 class BoundedOpener:
