@@ -279,6 +279,31 @@ def test_a_job_met_after_the_cap_filled_is_admitted_and_an_unattributed_set_fold
     assert written(scrape(c), job.replace("42", "44")) == [2]
 
 
+def test_a_nearly_full_table_makes_room_evicting_no_jobs_entries_and_a_users_mounts_first(
+        tmp_path):
+    """8 slots, 8 entries: over 7/8, so 2 go (down to 3/4): a user's entries
+    on mounts of another namespace first, never the job's; what went is
+    exported once more, and counted."""
+    job = "/system.slice/slurmstepd.scope/job_42/step_0/user/task_1"
+    items = [(KEY.pack(30, 40, 0), value(write_bytes=100)), (KEY.pack(30, 27, 0), value()),
+             (KEY.pack(20, 27, 0), value(write_bytes=1)),            # the user's, on /
+             (KEY.pack(40, 40, 0), value(write_bytes=2))]            # a unit's
+    items += [(KEY.pack(20, 900 + i, 0), value(write_bytes=10)) for i in range(4)]
+    c = collector(items, tmp_path)
+    c.probe.config = IoProbeConfig(max_entries=8)
+    c.cgroups.paths.update({20: "/user.slice/user-1000.slice/session-1.scope", 30: job,
+                            40: "/system.slice/cron.service"})
+    assert c.make_room() == 2
+    assert sorted((k.cgroup_id, k.mnt) for k in c.probe.keys()) == \
+        [(20, 27), (20, 902), (20, 903), (30, 27), (30, 40), (40, 40)]
+    fams = scrape(c)
+    over = [s for s in fams["tracehound_io_write_bytes"].samples
+            if s.labels["mountpoint"] in ("mnt:900", "mnt:901")]
+    assert [s.value for s in over] == [10, 10]                 # exported once more
+    assert fams["tracehound_map_evictions"].samples[0].value == 2
+    assert c.make_room() == 0                                  # 6 of 8: room enough
+
+
 def test_every_series_carries_the_workload_labels(tmp_path):
     c = collector([(KEY.pack(30, 40, 0), value(write_bytes=4096))], tmp_path)
     c.cgroups.paths[30] = "/system.slice/slurmstepd.scope/job_42/step_0/user/task_1"

@@ -42,7 +42,7 @@ DEAD = {103}
 # families the agent exports today that the reference scrape did not have
 NEW_FAMILIES = ("tracehound_collector_", "tracehound_io_pagecache_fill_bytes",
                 *(f"tracehound_io_{op}_not_found" for op in LOOKUP_OPS),
-                "tracehound_rdma_app_", "tracehound_rdma_qp_events")
+                "tracehound_rdma_app_", "tracehound_rdma_qp_events", "tracehound_map_evictions")
 LEFT_OUT = ("tracehound_agent_allocated_blocks", "tracehound_build")
 # labels families gained since: compared summed over them, series of 0 left out
 # (the reference wrote every verb, called or not; they are now per caller)

@@ -15,7 +15,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
 from .. import defaults
 from ..attribution.owners import Owners
-from ..attribution.workload import SCHEDULED, WORKLOAD_LABELS
+from ..attribution.workload import SCHEDULED, SYSTEMD, WORKLOAD_LABELS
 from ..exporter.rows import Blocks, HistogramRows, Log2Histogram, Slices, ValueRows
 from ..exporter.series import SeriesBook
 from ..host.mounts import MountTable
@@ -30,6 +30,13 @@ LATENCY = Log2Histogram(HIST_SLOTS, 1e-9, FIRST_EXPORTED_POW)
 OVERFLOW = ("__overflow__",) * 3 + ("",) * len(WORKLOAD_LABELS)
 LABELS = ["cgroup", "mountpoint", "fstype", *WORKLOAD_LABELS]
 _KIND = LABELS.index("workload")
+# the workload kind in Owners.labels() (cgroup path, *workload)
+_OWNER_KIND = 1 + WORKLOAD_LABELS.index("workload")
+# The kernel's table is kept under ROOM_HIGH of its slots (down to ROOM_LOW)
+# by evicting entries of no scheduled workload: anyone mints entries (one per
+# mount written through, and any user makes mounts in a namespace of their
+# own), and a job, pod or VM must find room for its first write.
+ROOM_HIGH, ROOM_LOW = 0.875, 0.75
 BUCKET_BOUNDS = list(zip(range(FIRST_EXPORTED_POW, HIST_SLOTS), LATENCY.bounds))
 # --latency-histograms (defaults.LATENCY_HISTOGRAM_CHOICES): the indexes in
 # LABELS each latency histogram keeps (None: all); the counters keep all.
@@ -133,6 +140,7 @@ class IoCollector:
         self.blocks = Blocks(LABELS)
         self.workload_blocks = Blocks(["cgroup", *WORKLOAD_LABELS])
         self.entries = 0
+        self.evicted = 0                  # entries make_room took out
         # a scrape's read and a retirement never interleave: an entry is
         # exported either live or retired, never both in one scrape
         self._lock = threading.Lock()
@@ -209,6 +217,47 @@ class IoCollector:
             gone = {k.cgroup_id for k in dead}
             self.owners.retain(self.name, {cg for cg, ok in kept.items() if ok}, gone)
             return len(dead)
+
+    def make_room(self) -> int:
+        """When the kernel's table is over ROOM_HIGH full, evict entries down
+        to ROOM_LOW: never a job's, pod's or VM's; first those of no
+        workload, a mount the agent's namespace does not have (a user's own
+        mounts) before its own, then those of systemd units. Each is read
+        one last time and handed to the series book, as a removed cgroup's
+        is: its counts are exported, and a later write through the same
+        mount starts a new entry. Returns how many entries went."""
+        with self._lock:
+            keys = list(self.probe.keys())
+            slots = self.probe.config.max_entries
+            if len(keys) <= slots * ROOM_HIGH:
+                return 0
+            self.owners.new_scrape()
+            owner_of: dict[int, tuple[str, ...]] = {}
+
+            def owner(cgid: int) -> tuple[str, ...]:
+                if cgid not in owner_of:
+                    owner_of[cgid] = self.owners.labels(cgid)
+                return owner_of[cgid]
+
+            def order(key: IoKey) -> tuple[bool, bool]:      # False first
+                table = self.mounts.by_dev if key.flags & KEY_DEV else self.mounts.by_id
+                return owner(key.cgroup_id)[_OWNER_KIND] == SYSTEMD, key.mnt in table
+            candidates = [k for k in keys if owner(k.cgroup_id)[_OWNER_KIND] not in SCHEDULED]
+            victims = sorted(candidates, key=order)[:len(keys) - int(slots * ROOM_LOW)]
+            retired: dict[tuple[str, ...], IoSample] = {}
+            for key, values in self.probe.retire(victims):
+                labels = owner(key.cgroup_id)
+                if self.owners.in_scope(labels[0]):
+                    _add_to(retired, _join(labels, self.mount_labels(key.mnt, key.flags)),
+                            values)
+            self.book.retire(retired)
+            self.evicted += len(victims)
+            return len(victims)
+
+    def housekeeping(self) -> int:
+        """The agent's schedule: removed cgroups' entries leave the table,
+        then room is made when it is nearly full."""
+        return self.retire_dead() + self.make_room()
 
     def collect(self):
         samples = self.samples()
@@ -310,6 +359,13 @@ class IoCollector:
                                     labels=["map"])
         entries.add_metric(["io_stats"], self.entries)
         yield entries
+        evicted = CounterMetricFamily(
+            "tracehound_map_evictions",
+            "Entries the agent took out of a nearly full BPF map to keep room for jobs, "
+            "pods and VMs (their counts exported once more; none of a job's).",
+            labels=["map"])
+        evicted.add_metric(["io_stats"], self.evicted)
+        yield evicted
         tracked = GaugeMetricFamily("tracehound_series_tracked",
                                     "Label sets the collector keeps state for.",
                                     labels=["collector"])

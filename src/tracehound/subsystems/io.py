@@ -56,10 +56,11 @@ class IoSubsystem(Subsystem):
         return [self.collector] if self.collector is not None else []
 
     def detectors(self) -> list:
-        # housekeeping on the agent's schedule: removed cgroups leave the map
+        # housekeeping on the agent's schedule: removed cgroups leave the map,
+        # and a nearly full one makes room for jobs
         if self.collector is None:
             return []
-        return [Job("io_retirement", defaults.HOUSEKEEPING_S, self.collector.retire_dead)]
+        return [Job("io_retirement", defaults.HOUSEKEEPING_S, self.collector.housekeeping)]
 
     def modes(self) -> dict[str, str]:
         return self.probe.modes()
