@@ -9,17 +9,17 @@ A name is matched as valid UTF-8: a byte that is not (kept as a surrogate
 when read) is matched as U+FFFD, as the agent's labels show it."""
 from __future__ import annotations
 
-import re2
-
-_OPTIONS = re2.Options()
-_OPTIONS.log_errors = False     # the error is raised, with its reason
-
 
 class LinearPattern:
     def __init__(self, pattern: str):
+        # imported when a pattern is given, not with every command: loading
+        # the library costs an agent start seconds in an emulated guest
+        import re2
+        options = re2.Options()
+        options.log_errors = False      # the error is raised, with its reason
         self.pattern = pattern
         try:
-            self._compiled = re2.compile(pattern, _OPTIONS)
+            self._compiled = re2.compile(pattern, options)
         except re2.error as exc:
             reason = exc.args[0] if exc.args else exc
             if isinstance(reason, bytes):

@@ -102,8 +102,10 @@ def start_agent(hook_mode: str, *extra: str, wrapper: tuple[str, ...] = (),
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     lines = []
     # a second or two here; in the VM tier's guest (emulated CPU, Python over
-    # 9p) 25 to 70 s, the upper end while the host tiers share its CPUs
-    deadline = time.monotonic() + 240
+    # 9p) 25 to 70 s, and up to four minutes for an fentry agent timing fsync
+    # alone while the host tiers share the CPUs (252 s seen): a deadline for
+    # the agent's first lines, never reached by one that starts
+    deadline = time.monotonic() + 480
     while time.monotonic() < deadline:
         line = proc.stdout.readline()
         if not line:
