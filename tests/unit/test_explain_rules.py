@@ -212,6 +212,13 @@ def test_findings_rank_by_severity_then_onset_then_size():
          answer.Finding("write_errors", 4, "c", {}, 90, "x", "y", since=5.0)]
     f.sort(key=answer.rank)
     assert [x.node for x in f] == ["c", "b", "a"]
+    # same severity and onset: the outlier, then the larger value, first
+    tie = [answer.Finding("write_errors", 4, "d", {}, 90, "x", "y", since=5.0),
+           answer.Finding("write_errors", 4, "e", {}, 200, "x", "y", since=5.0),
+           answer.Finding("write_errors", 4, "f", {}, 10, "x", "y", since=5.0, outlier=True),
+           answer.Finding("write_errors", 4, "g", {}, 300, "x", "y")]      # onset unknown: last
+    tie.sort(key=answer.rank)
+    assert [x.node for x in tie] == ["f", "e", "d", "g"]
 
 
 def test_text_and_json_say_nothing_abnormal_for_a_clean_job():
