@@ -17,7 +17,7 @@ from tests.conftest import tracehound_cmd
 from tests.kernel.conftest import mount_of, remove_cgroup, run_in_cgroup, series
 from tests.kernel.test_pressure import wait_for as wait_until
 from tests.kernel.test_top import scraped_total, top_once_around
-from tracehound.clients.prometheus import wait_for
+from tracehound.clients.prometheus import query, wait_for
 
 
 @pytest.fixture(params=["classic", "native"])
@@ -34,7 +34,9 @@ def prometheus(agent, tmp_path, request):
         yield url
 
 
-def test_prometheus_source_against_a_real_server(prometheus, cgroup_root, cgroup, tmpfs):
+def test_prometheus_source_against_a_real_server(prometheus, cgroup_root, cgroup, tmpfs,
+                                                 request):
+    form = request.node.callspec.params["prometheus"]
     path = os.path.join(tmpfs, f"top-prom-{uuid.uuid4().hex[:8]}")
     total = f'sum(tracehound_io_write_bytes_total{{cgroup="{cgroup}"}})'
     try:
@@ -59,6 +61,10 @@ def test_prometheus_source_against_a_real_server(prometheus, cgroup_root, cgroup
     p50, p99 = row["latency_p50_seconds"], row["write_latency_p99_seconds"]
     assert p50 is not None and 0 < p50 <= p99 < math.inf
     assert doc["window"] == "1m" and doc["interval_seconds"] is None
+    # the form is the one asked for: a native Prometheus keeps no _bucket series
+    buckets = query(prometheus, f'count(tracehound_io_write_latency_seconds_bucket'
+                                f'{{cgroup="{cgroup}"}})')
+    assert bool(buckets) == (form == "classic"), (form, buckets)
 
 
 def test_a_slurm_jobs_row_counts_its_cpu_once_across_its_cgroup_levels(agent, cgroup_root,
