@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from tests.conftest import tracehound_cmd
 from tests.kernel.conftest import remove_cgroup, start_agent, stop_agent
 from tests.kernel.test_top import cells, tmux  # noqa: F401 - the tmux fixture
+from tests.unit.test_protobuf import decode, label_dict
 from tests.unit.waiting import wait_until
 
 # Joins nothing itself (the shell that execs it did): connects to the port in
@@ -36,6 +37,8 @@ while time.monotonic() < end:
     time.sleep(0.01)
 """
 OM = "application/openmetrics-text; version=1.0.0"
+PROTOBUF = ("application/vnd.google.protobuf; proto=io.prometheus.client.MetricFamily; "
+            "encoding=delimited")
 
 
 @pytest.fixture
@@ -119,6 +122,11 @@ def test_a_cgroup_named_with_non_utf8_bytes_leaves_every_scrape_whole(agent, hos
                                "tracehound_io_write_bytes")
     status, _, om = get(agent.url, Accept=OM)
     assert status == 200 and om.decode("utf-8").endswith("# EOF\n")
+    status, _, packed = get(agent.url, Accept=PROTOBUF)
+    families = decode(packed)                  # each message whole, to the last byte
+    assert status == 200 and families[-1].name == "tracehound_scrape_samples"
+    assert shown in {label_dict(m).get("cgroup") for f in families
+                     if f.name == "tracehound_io_write_bytes_total" for m in f.metric}
     res = subprocess.run([shutil.which("promtool") or "promtool", "check", "metrics"],
                          input=plain, capture_output=True, timeout=60)
     assert res.returncode == 0, res.stdout + res.stderr
