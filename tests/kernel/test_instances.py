@@ -1,8 +1,10 @@
 """Several agents on one host: named instances run side by side; a second
 agent of a running instance (or of its state directory) is refused before it
 loads anything, while the first keeps serving; doctor names the holder;
-stopped agents leave no pin directory (this host has no RDMA, so the pins
-themselves are checked in the VM's RDMA scenario)."""
+an agent pins under its own name only where an RDMA device gives it maps to
+pin (on this host none: nothing under /sys/fs/bpf/tracehound while they run;
+the VM's RDMA scenario has pins), and stopped agents leave no pin
+directory."""
 import os
 import subprocess
 import urllib.request
@@ -12,6 +14,7 @@ from tests.conftest import tracehound_cmd
 from tests.kernel.conftest import start_agent, stop_agent
 
 PIN_ROOT = "/sys/fs/bpf/tracehound"
+RDMA_DEVICES = "/sys/class/infiniband"
 STATE_DIR = "/var/lib/tracehound"
 
 
@@ -62,6 +65,12 @@ def test_two_instances_run_side_by_side_and_a_second_agent_of_one_is_refused(hoo
             # the first ones never noticed
             assert a.proc.poll() is None and ready(a) and ready(b)
             assert "tracehound_probe_info" in a.scrape_text()
+            # each pins only under its own name, and only with an RDMA device
+            # to pin for (the RDMA probe's maps): none on this host, the VM's
+            # RDMA scenario has one
+            pinned = {n: os.path.lexists(os.path.join(PIN_ROOT, n)) for n in (a_name, b_name)}
+            if not (os.path.isdir(RDMA_DEVICES) and os.listdir(RDMA_DEVICES)):
+                assert not any(pinned.values()), pinned
         finally:
             stop_agent(b)
     finally:
