@@ -11,6 +11,7 @@ import subprocess
 import urllib.error
 import urllib.parse
 import urllib.request
+import uuid
 
 import pytest
 
@@ -71,7 +72,9 @@ def test_the_agent_serves_tls_and_a_password_from_its_web_config(hook_mode, tmp_
     config = tls.web_config("web.yml", {
         "tls_server_config": {"cert_file": "server.crt", "key_file": "server.key"},
         "basic_auth_users": {"prometheus": tls_files.HASH}})
+    # an instance of its own: the default one is a real agent's on a node
     proc = subprocess.Popen([*tracehound_cmd(), "run", "--listen", "127.0.0.1:0",
+                             "--instance", f"thtest-{uuid.uuid4().hex[:12]}",
                              "--hook-mode", hook_mode, "--web.config.file", config],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
