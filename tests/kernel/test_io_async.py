@@ -119,8 +119,9 @@ def test_io_uring_latency_spans_submission_to_completion(agent, cgroup_root, cgr
     n = series(m, "tracehound_io_write_latency_seconds_count", **lb)
     total = series(m, "tracehound_io_write_latency_seconds_sum", **lb)
     assert SIZE // BS * 0.9 <= n <= SIZE // BS
-    # the kernel's span lies inside fio's (submission to reaping)
-    assert 0 < total / n <= job["write"]["lat_ns"]["mean"] / 1e9
+    # the kernel's span lies inside fio's (submission to reaping): the timed
+    # requests' mean, a subset's, is at most the slowest request fio saw
+    assert 0 < total / n <= job["write"]["lat_ns"]["max"] / 1e9
 
 
 COPIES = ("copy_file_range", "sendfile", "splice")
@@ -175,7 +176,8 @@ def test_a_cold_read_fills_the_page_cache_with_the_file(agent, cgroup_root, cgro
     assert got("pagecache_fill_bytes") == size
     assert got("read_bytes") == (size if how == "read" else 0)
     # what memory pressure evicted meanwhile (a busy CI host: a VM beside
-    # these tests) comes in again, and only that
+    # these tests) comes in again: at least what was gone before the re-read
+    # (more may go while it runs), never more than the file
     evicted = size - resident_bytes(path)
     assert run_in_cgroup(cgroup_root, cgroup, [op]) == [size]
-    assert io_series(agent, cgroup, ext4)("pagecache_fill_bytes") == size + evicted
+    assert size + evicted <= io_series(agent, cgroup, ext4)("pagecache_fill_bytes") <= 2 * size
