@@ -5,9 +5,11 @@ crafted path against a pattern like `(a|a)*b`, holding the interpreter, so
 the agent did not even end on SIGTERM. RE2 has no backreferences and no
 lookaround: a pattern that needs them is refused when the flag is read.
 
-A name is matched as valid UTF-8: a byte that is not (kept as a surrogate
-when read) is matched as U+FFFD, as the agent's labels show it."""
+A name is matched as the agent's labels show it (utf8.valid_utf8): each
+byte that is not UTF-8 (kept as a surrogate when read) as one U+FFFD."""
 from __future__ import annotations
+
+from .utf8 import valid_utf8
 
 
 class LinearPattern:
@@ -27,6 +29,4 @@ class LinearPattern:
             raise ValueError(f"not a regular expression RE2 accepts: {reason}") from None
 
     def fullmatch(self, name: str) -> bool:
-        text = name if name.isascii() else \
-            name.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
-        return self._compiled.fullmatch(text) is not None
+        return self._compiled.fullmatch(valid_utf8(name)) is not None

@@ -8,7 +8,7 @@ import os
 from testbed import prometheus as prometheus_server
 from tests.kernel.conftest import remove_cgroup, run_in_cgroup
 from tracehound.clients.prometheus import query, regex_literal, wait_for
-from tracehound.exporter.utf8 import MAX_LABEL_BYTES, label_value
+from tracehound.utf8 import MAX_LABEL_BYTES, label_value
 
 
 def test_a_path_longer_than_prometheus_allows_keeps_the_node_scraped(agent, cgroup_root, cgroup,

@@ -20,7 +20,7 @@ from tracehound.exporter.events import EventLog
 from tracehound.exporter.messages import call_wsgi
 from tracehound.exporter.registry import CollectorHealth
 from tracehound.exporter.scrape import Scraper
-from tracehound.exporter.utf8 import valid_utf8
+from tracehound.utf8 import valid_utf8
 
 from .test_exposition import request
 from .test_protobuf import decode, label_dict

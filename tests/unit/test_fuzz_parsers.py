@@ -249,7 +249,7 @@ def test_any_label_value_renders_to_utf8_that_parsers_read_back(value):
     from tests.unit.test_protobuf import decode, label_dict
     from tracehound.exporter import text_parse
     from tracehound.exporter.exposition import OPENMETRICS, PROTOBUF, TEXT, render
-    from tracehound.exporter.utf8 import valid_utf8
+    from tracehound.utf8 import valid_utf8
     want = valid_utf8(value)
     want.encode("utf-8")                          # no surrogate is left
     expected = {"t_rows": want, "t_plain": want}

@@ -242,10 +242,10 @@ def test_the_scanner_resolves_relative_and_nested_imports():
 # ("Layers") says the same in words.
 LAYERS = (
     ("base", {PKG, "errors", "defaults", "printable", "signals", "conditions", "logsink",
-              "terminal_progress", "regular_file", "linear_regex"}),
+              "terminal_progress", "regular_file", "utf8"}),
     ("node access", {"host", "bpf", "clients", "instance"}),
     ("sources and formats", {"attribution", "probes", "gpu", "exporter", "config",
-                             "preflight"}),
+                             "preflight", "linear_regex"}),
     ("readers", {"collectors", "detect"}),
     ("assembly", {"subsystems"}),
     ("agent", {"agent"}),

@@ -9,7 +9,7 @@ from prometheus_client.parser import text_string_to_metric_families as text_pars
 
 from tracehound.exporter.exposition import OPENMETRICS, PROTOBUF, TEXT, render
 from tracehound.exporter.rows import Blocks, ValueRows
-from tracehound.exporter.utf8 import MAX_LABEL_BYTES, label_value
+from tracehound.utf8 import MAX_LABEL_BYTES, label_value
 
 # a cgroup path of nested 250-byte names, as anyone with a delegated subtree makes
 LONG = "/user.slice" + "".join(f"/{i:03d}" + "d" * 246 for i in range(15))

@@ -14,6 +14,9 @@ def test_a_pattern_is_matched_against_the_whole_path():
     p = LinearPattern("/batch/.*")
     assert p.fullmatch("/batch/a") and not p.fullmatch("/x/batch/a")
     assert p.fullmatch("/batch/bad\udcff")                 # a byte that is not UTF-8
+    # ...matched as the label shows it: one U+FFFD for the byte
+    assert LinearPattern("/batch/bad.").fullmatch("/batch/bad\udcff")
+    assert LinearPattern("/batch/bad\ufffd").fullmatch("/batch/bad\udcff")
 
 
 def test_a_pattern_rising_exponentially_under_backtracking_answers():

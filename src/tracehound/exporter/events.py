@@ -27,7 +27,7 @@ from collections import deque
 from typing import Callable
 
 from ..logsink import EVENTS_LOGGER
-from .utf8 import valid_json
+from ..utf8 import valid_json
 
 # the fields that make an event's class; each value cut to this many characters
 CLASS_FIELDS = ("event", "kind", "condition", "severity")

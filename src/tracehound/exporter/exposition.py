@@ -22,7 +22,7 @@ from prometheus_client.openmetrics import exposition as om_exposition
 
 from . import failures, protobuf
 from .rows import HistogramRows, Rows
-from .utf8 import MAX_LABEL_BYTES, label_value, valid_utf8
+from ..utf8 import MAX_LABEL_BYTES, label_value, valid_utf8
 
 TEXT, OPENMETRICS, PROTOBUF = "text", "openmetrics", "protobuf"
 # Every name the agent exports is a classic Prometheus name, so the text
