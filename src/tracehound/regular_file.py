@@ -19,11 +19,8 @@ class NotRegularFile(OSError):
 def read_regular(path: str, limit: int = MAX_CONFIG_BYTES) -> bytes:
     """The bytes of PATH; NotRegularFile when it is not a regular file or is
     over LIMIT bytes, OSError when it cannot be opened."""
-    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    fd, st = _open_regular(path)
     try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise NotRegularFile(f"{path} is not a regular file")
         if st.st_size > limit:
             raise NotRegularFile(f"{path} has {st.st_size} bytes, more than {limit}")
         data = read_upto(fd, limit)
@@ -50,10 +47,20 @@ def read_upto(fd: int, most: int) -> bytes:
 def check_regular(path: str) -> str:
     """PATH, once it is known to be a regular file (for a library that opens
     it itself, such as ssl's load_cert_chain); NotRegularFile otherwise."""
+    os.close(_open_regular(path)[0])
+    return path
+
+
+def _open_regular(path: str) -> tuple[int, os.stat_result]:
+    """PATH opened without blocking (a FIFO cannot hang it), and its status;
+    NotRegularFile (the descriptor closed) when it is not a regular file."""
     fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            raise NotRegularFile(f"{path} is not a regular file")
-    finally:
+        st = os.fstat(fd)
+    except OSError:
         os.close(fd)
-    return path
+        raise
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise NotRegularFile(f"{path} is not a regular file")
+    return fd, st

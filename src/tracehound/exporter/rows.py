@@ -22,7 +22,7 @@ from prometheus_client.core import (CounterMetricFamily, GaugeMetricFamily,
                                     HistogramMetricFamily, Metric)
 
 from . import protobuf
-from .utf8 import MAX_LABEL_BYTES, label_value
+from ..utf8 import label_value
 
 # histogram rows joined per chunk: a few MB, so a large exposition is never
 # copied whole once more on its way to the socket
@@ -49,8 +49,7 @@ class Block:
         # an exposition is UTF-8: a path that is not (kept as surrogates
         # when read) shows its undecodable bytes as U+FFFD; a long one is
         # shortened (utf8.label_value)
-        self.values = values = tuple(v if v.isascii() and len(v) <= MAX_LABEL_BYTES
-                                     else label_value(v) for v in values)
+        self.values = values = tuple(label_value(v) for v in values)
         inner = ",".join(f'{n}="{_escape_value(v)}"' for n, v in zip(names, values) if v)
         inner = inner.encode()
         self.braced = b"{" + inner + b"}" if inner else b""
