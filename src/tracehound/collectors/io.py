@@ -10,6 +10,7 @@ from __future__ import annotations
 import array
 import sys
 import threading
+from collections.abc import Callable
 
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 
@@ -197,26 +198,7 @@ class IoCollector:
         exports once more: no map growth, and every byte is exported.
         Returns how many entries went."""
         with self._lock:
-            self.owners.new_scrape()
-            kept: dict[int, bool] = {}
-            dead: list[IoKey] = []
-            for key in self.probe.keys():
-                ok = kept.get(key.cgroup_id)
-                if ok is None:
-                    ok = kept[key.cgroup_id] = not self.owners.removed(key.cgroup_id)
-                if not ok:
-                    dead.append(key)
-            retired: dict[tuple[str, ...], IoSample] = {}
-            # dead before this read, so nothing can add to them any more; their
-            # names are kept until the pruning that follows this turn
-            for key, values in self.probe.retire(dead):
-                owner = self.owners.labels(key.cgroup_id)
-                if self.owners.in_scope(owner[0]):
-                    _add_to(retired, _join(owner, self.mount_labels(key.mnt, key.flags)), values)
-            self.book.retire(retired)
-            gone = {k.cgroup_id for k in dead}
-            self.owners.retain(self.name, {cg for cg, ok in kept.items() if ok}, gone)
-            return len(dead)
+            return len(self._retire_dead(list(self.probe.keys())))
 
     def make_room(self) -> int:
         """When the kernel's table is over ROOM_HIGH full, evict entries down
@@ -227,37 +209,63 @@ class IoCollector:
         is: its counts are exported, and a later write through the same
         mount starts a new entry. Returns how many entries went."""
         with self._lock:
-            keys = list(self.probe.keys())
-            slots = self.probe.config.max_entries
-            if len(keys) <= slots * ROOM_HIGH:
-                return 0
-            self.owners.new_scrape()
-            owner_of: dict[int, tuple[str, ...]] = {}
-
-            def owner(cgid: int) -> tuple[str, ...]:
-                if cgid not in owner_of:
-                    owner_of[cgid] = self.owners.labels(cgid)
-                return owner_of[cgid]
-
-            def order(key: IoKey) -> tuple[bool, bool]:      # False first
-                table = self.mounts.by_dev if key.flags & KEY_DEV else self.mounts.by_id
-                return owner(key.cgroup_id)[_OWNER_KIND] == SYSTEMD, key.mnt in table
-            candidates = [k for k in keys if owner(k.cgroup_id)[_OWNER_KIND] not in SCHEDULED]
-            victims = sorted(candidates, key=order)[:len(keys) - int(slots * ROOM_LOW)]
-            retired: dict[tuple[str, ...], IoSample] = {}
-            for key, values in self.probe.retire(victims):
-                labels = owner(key.cgroup_id)
-                if self.owners.in_scope(labels[0]):
-                    _add_to(retired, _join(labels, self.mount_labels(key.mnt, key.flags)),
-                            values)
-            self.book.retire(retired)
-            self.evicted += len(victims)
-            return len(victims)
+            return self._make_room(list(self.probe.keys()))
 
     def housekeeping(self) -> int:
         """The agent's schedule: removed cgroups' entries leave the table,
-        then room is made when it is nearly full."""
-        return self.retire_dead() + self.make_room()
+        then room is made when it is nearly full (the table read once)."""
+        with self._lock:
+            keys = list(self.probe.keys())
+            dead = set(self._retire_dead(keys))
+            return len(dead) + self._make_room([k for k in keys if k not in dead])
+
+    def _retire_dead(self, keys: list[IoKey]) -> list[IoKey]:
+        self.owners.new_scrape()
+        kept: dict[int, bool] = {}
+        dead: list[IoKey] = []
+        for key in keys:
+            ok = kept.get(key.cgroup_id)
+            if ok is None:
+                ok = kept[key.cgroup_id] = not self.owners.removed(key.cgroup_id)
+            if not ok:
+                dead.append(key)
+        # dead before this read, so nothing can add to them any more; their
+        # names are kept until the pruning that follows this turn
+        self._retire(dead, self.owners.labels)
+        gone = {k.cgroup_id for k in dead}
+        self.owners.retain(self.name, {cg for cg, ok in kept.items() if ok}, gone)
+        return dead
+
+    def _make_room(self, keys: list[IoKey]) -> int:
+        slots = self.probe.config.max_entries
+        if len(keys) <= slots * ROOM_HIGH:
+            return 0
+        self.owners.new_scrape()
+        owner_of: dict[int, tuple[str, ...]] = {}
+
+        def owner(cgid: int) -> tuple[str, ...]:
+            if cgid not in owner_of:
+                owner_of[cgid] = self.owners.labels(cgid)
+            return owner_of[cgid]
+
+        def order(key: IoKey) -> tuple[bool, bool]:      # False first
+            table = self.mounts.by_dev if key.flags & KEY_DEV else self.mounts.by_id
+            return owner(key.cgroup_id)[_OWNER_KIND] == SYSTEMD, key.mnt in table
+        candidates = [k for k in keys if owner(k.cgroup_id)[_OWNER_KIND] not in SCHEDULED]
+        victims = sorted(candidates, key=order)[:len(keys) - int(slots * ROOM_LOW)]
+        self._retire(victims, owner)
+        self.evicted += len(victims)
+        return len(victims)
+
+    def _retire(self, keys: list[IoKey], owner_of: Callable[[int], tuple[str, ...]]) -> None:
+        """Read KEYS one last time, free their slots, and hand their values to
+        the series book under their labels (this agent's cgroups only)."""
+        retired: dict[tuple[str, ...], IoSample] = {}
+        for key, values in self.probe.retire(keys):
+            owner = owner_of(key.cgroup_id)
+            if self.owners.in_scope(owner[0]):
+                _add_to(retired, _join(owner, self.mount_labels(key.mnt, key.flags)), values)
+        self.book.retire(retired)
 
     def collect(self):
         samples = self.samples()
