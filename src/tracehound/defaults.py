@@ -11,6 +11,10 @@ MOUNTINFO = "/proc/self/mountinfo"
 
 # capacity of the I/O probe's (cgroup, mount) table in the kernel
 IO_MAX_ENTRIES = 8192
+# the share of that table kept for cgroups root made on mounts no user owns:
+# keys a tenant can mint at will (their own cgroups, mounts in a user
+# namespace) never fill the last of it, so a job started later is counted
+IO_RESERVED_SHARE = 0.25
 # label sets per metric family before the rest fold into __overflow__ (0: no cap)
 MAX_SERIES = 10000
 # which labels the I/O latency histograms keep: per (cgroup, mount) they are

@@ -26,7 +26,7 @@ from tracehound.exporter.exposition import TEXT, render
 from tracehound.exporter.registry import register_all
 from tracehound.exporter.scrape import Scraper
 from tracehound.host.mounts import MountTable
-from tracehound.probes.io_maps import COUNTERS_AT, IO_STATS, LOOKUP_OPS
+from tracehound.probes.io_maps import COUNTERS_AT, HEALTH, IO_STATS, LOOKUP_OPS
 from tracehound.probes.rdma_maps import MAPS as RDMA_MAPS
 from tracehound.subsystems.base import Context
 from tracehound.subsystems.io import IoSubsystem
@@ -113,6 +113,10 @@ def started_subsystems(maps):
     fixed = io.probe._maps["io_stats"]
     fixed.rows = {k: v.ljust(IO_STATS.size - COUNTERS_AT, b"\0") for k, v in fixed.rows.items()}
     io.probe._entries = lambda: ((k, k + v) for k, v in fixed.iter_items())
+    # and io_health entries added since (io_stats_reserve) are 0 on every CPU
+    health = io.probe._maps["io_health"].rows
+    for i in range(len(HEALTH)):
+        health.setdefault(struct.pack("=I", i), [bytes(8)] * len(health[struct.pack("=I", 0)]))
 
     def retire(key):
         v = fixed.lookup(key)

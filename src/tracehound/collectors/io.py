@@ -20,8 +20,8 @@ from ..attribution.workload import SCHEDULED, SYSTEMD, WORKLOAD_LABELS
 from ..exporter.rows import Blocks, HistogramRows, Log2Histogram, Slices, ValueRows
 from ..exporter.series import SeriesBook
 from ..host.mounts import MountTable
-from ..probes.io_maps import (CACHE_FILL, HEALTH, HIST_SLOTS, HISTS, KEY_DEV, LOOKUP_OPS,
-                              N_FIELDS, OPS, IoKey)
+from ..probes.io_maps import (CACHE_FILL, HEALTH, HIST_SLOTS, HISTS, KEY_DEV, KEY_FOREIGN,
+                              LOOKUP_OPS, N_FIELDS, OPS, IoKey)
 
 # Exported bucket bounds: 2^k ns for k in 10..31 (1 us .. 2.1 s). Kernel
 # slots below 2^10 ns fold into the first bucket; slot 31 only reaches +Inf.
@@ -203,8 +203,11 @@ class IoCollector:
     def make_room(self) -> int:
         """When the kernel's table is over ROOM_HIGH full, evict entries down
         to ROOM_LOW: never a job's, pod's or VM's; first those of no
-        workload, a mount the agent's namespace does not have (a user's own
-        mounts) before its own, then those of systemd units. Each is read
+        workload, a mount a user namespace owns (the kernel marks them),
+        then one the agent's namespace does not have, before its own, then
+        those of systemd units. The kernel keeps the last of the table for
+        cgroups root made on mounts no user owns (IO_RESERVED_SHARE), so
+        only those can take it past ROOM_LOW. Each is read
         one last time and handed to the series book, as a removed cgroup's
         is: its counts are exported, and a later write through the same
         mount starts a new entry. Returns how many entries went."""
@@ -248,9 +251,10 @@ class IoCollector:
                 owner_of[cgid] = self.owners.labels(cgid)
             return owner_of[cgid]
 
-        def order(key: IoKey) -> tuple[bool, bool]:      # False first
+        def order(key: IoKey) -> tuple[bool, bool, bool]:      # False first
             table = self.mounts.by_dev if key.flags & KEY_DEV else self.mounts.by_id
-            return owner(key.cgroup_id)[_OWNER_KIND] == SYSTEMD, key.mnt in table
+            return (not key.flags & KEY_FOREIGN, owner(key.cgroup_id)[_OWNER_KIND] == SYSTEMD,
+                    key.mnt in table)
         candidates = [k for k in keys if owner(k.cgroup_id)[_OWNER_KIND] not in SCHEDULED]
         victims = sorted(candidates, key=order)[:len(keys) - int(slots * ROOM_LOW)]
         self._retire(victims, owner)
@@ -339,6 +343,8 @@ class IoCollector:
                          "cgroup label.", "gauge", blocks, [1] * len(blocks))
 
     def _health(self):
+        # map="io_stats_reserve": a new entry of a user's cgroup or mount
+        # found only the room kept for the node's own (docs/metrics.md)
         fam = CounterMetricFamily("tracehound_map_full_drops",
                                   "Updates dropped because a BPF map was full.", labels=["map"])
         drops = self.probe.drops()

@@ -40,23 +40,51 @@ static __always_inline int cgroup_key_subsys(void)
 	return -1;
 }
 
-/* The key of any task pointer, read through helper calls (works from every
- * program type and on every kernel). 0 when it cannot be read. */
-static __always_inline __u64 task_cgroup_key(struct task_struct *task)
+/* The kernfs node of a task's keyed cgroup, read through helper calls (works
+ * from every program type and on every kernel). 0 when it cannot be read. */
+static __always_inline struct kernfs_node *task_cgroup_kn(struct task_struct *task)
 {
 	struct css_set *cgs = BPF_CORE_READ(task, cgroups);
 	struct cgroup_subsys_state *css = 0;
 	int s;
 
 	if (cgroup_key == CGROUP_KEY_V2)
-		return BPF_CORE_READ(cgs, dfl_cgrp, kn, id);
+		return BPF_CORE_READ(cgs, dfl_cgrp, kn);
 	s = cgroup_key_subsys();
 	if (s < 0 || s >= CSS_SUBSYS_SLOTS || !cgs)
 		return 0;
 	bpf_probe_read_kernel(&css, sizeof(css),
 			      (void *)cgs + bpf_core_field_offset(struct css_set, subsys) +
 			      s * sizeof(css));
-	return BPF_CORE_READ(css, cgroup, kn, id);
+	return BPF_CORE_READ(css, cgroup, kn);
+}
+
+/* The key of any task pointer. 0 when it cannot be read. */
+static __always_inline __u64 task_cgroup_key(struct task_struct *task)
+{
+	return BPF_CORE_READ(task_cgroup_kn(task), id);
+}
+
+/* Whether the task's keyed cgroup was made in a directory root owns, so that
+ * only root could have made it (a scheduler's job or step, a service, a
+ * pod). A directory handed to a user (systemd's delegation, Slurm's step
+ * under cgroup/v1) is the user's: whatever they make below it is not. The
+ * root cgroup counts as root's. */
+static __always_inline int cgroup_made_by_root(struct task_struct *task)
+{
+	struct kernfs_node *kn = task_cgroup_kn(task), *parent;
+	struct kernfs_iattrs *attrs;
+
+	if (!kn)
+		return 0;
+	if (bpf_core_field_exists(((struct kernfs_node___old *)kn)->parent))
+		parent = BPF_CORE_READ((struct kernfs_node___old *)kn, parent);
+	else
+		parent = BPF_CORE_READ(kn, __parent);
+	if (!parent)
+		return 1;
+	attrs = BPF_CORE_READ(parent, iattr);
+	return !attrs || BPF_CORE_READ(attrs, ia_uid.val) == 0;
 }
 
 /* The same for the current task: the kernel's own helper when the key is v2. */

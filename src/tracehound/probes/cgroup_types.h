@@ -6,8 +6,23 @@
 #ifndef TRACEHOUND_CGROUP_TYPES_H
 #define TRACEHOUND_CGROUP_TYPES_H
 
+/* ia_uid: who made the directory or was handed it (chown); a directory with
+ * no iattr is root's */
+struct kernfs_iattrs {
+	struct {
+		__u32 val;
+	} ia_uid;
+} PRESERVE;
+
 struct kernfs_node {
 	__u64 id;
+	struct kernfs_node *__parent;   /* since 6.15 */
+	struct kernfs_iattrs *iattr;
+} PRESERVE;
+
+/* the parent's name before 6.15 */
+struct kernfs_node___old {
+	struct kernfs_node *parent;
 } PRESERVE;
 
 struct cgroup {

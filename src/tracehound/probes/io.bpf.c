@@ -95,13 +95,21 @@ struct {
 } skip_fstypes SEC(".maps");
 
 /* What each mount id was last seen as: its super block's device (high half)
- * and, in the low half, the id itself << 2 | MNT_SEEN | MNT_SKIPPED. An entry
- * is trusted only while both still match, so a reused id or a colliding slot
- * takes the slow path (type name lookup) once and overwrites it; one 64-bit
- * store keeps readers on other CPUs from seeing half an entry. */
+ * and, in the low half, MNT_BY_DEV (an entry of a device, for hooks that see
+ * no mount) | the id itself << 3 | MNT_FOREIGN | MNT_SEEN | MNT_SKIPPED. An
+ * entry is trusted only while all of it matches, so a reused id or a
+ * colliding slot takes the slow path (type name lookup) once and overwrites
+ * it; one 64-bit store keeps readers on other CPUs from seeing half an
+ * entry. */
 #define MNT_SLOTS 4096
+#define MNT_BY_DEV (1u << 31)
+#define MNT_FOREIGN 4
 #define MNT_SEEN 2
 #define MNT_SKIPPED 1
+#define MNT_ID_MASK 0x0fffffff
+/* set in a mount id the mount_id functions return for a mount a user owns;
+ * account_cg moves it into the key's flags (IO_KEY_FOREIGN) */
+#define MNT_ID_FOREIGN (1 << 30)
 __u64 mnt_seen[MNT_SLOTS] SEC(".data.mounts");
 
 /* Mount points of the agent's mount namespace, for absolute paths seen at
@@ -191,6 +199,23 @@ static __always_inline bool same_key(const struct io_key *a, const struct io_key
 	return a->cgroup_id == b->cgroup_id && a->mnt == b->mnt && a->flags == b->flags;
 }
 
+/* Whether a new key may take one of the slots kept for the node's own: no
+ * user can make its cgroup or its mount at will, so no tenant can fill the
+ * table with such keys and blind the agent to jobs started after. Decided
+ * from the current task, whose cgroup the key normally is (a completion
+ * counted for another task's cgroup is judged as a user's). */
+static __always_inline bool may_take_reserve(const struct io_key *key)
+{
+	struct task_struct *task = (struct task_struct *)bpf_get_current_task();
+
+	if (key->flags & IO_KEY_FOREIGN)
+		return false;
+	return task_cgroup_key(task) == key->cgroup_id && cgroup_made_by_root(task);
+}
+
+#define NO_SLOT ((__u32)-1)
+#define RESERVED_SLOT ((__u32)-2)
+
 /* A slot for a key seen for the first time, registered in io_slots. */
 static __noinline __u32 new_slot(struct io_key *key)
 {
@@ -199,14 +224,20 @@ static __noinline __u32 new_slot(struct io_key *key)
 
 	if (bpf_map_pop_elem(&free_slots, &slot)) {
 		if (next_slot >= settings.slots)
-			return -1;
+			return NO_SLOT;
 		slot = __sync_fetch_and_add(&next_slot, 1);
 		if (slot >= settings.slots)
-			return -1;
+			return NO_SLOT;
+	}
+	/* the reserve is the top of the array: a slot from there, fresh or
+	 * freed, goes back to the queue when the key may not have it */
+	if (slot >= settings.slots - settings.reserved && !may_take_reserve(key)) {
+		bpf_map_push_elem(&free_slots, &slot, 0);
+		return RESERVED_SLOT;
 	}
 	s = bpf_map_lookup_elem(&io_stats, &slot);
 	if (!s)
-		return -1;
+		return NO_SLOT;
 	s->owner = *key;
 	if (!bpf_map_update_elem(&io_slots, key, &slot, BPF_NOEXIST))
 		return slot;
@@ -214,7 +245,7 @@ static __noinline __u32 new_slot(struct io_key *key)
 	s->owner.cgroup_id = 0;
 	bpf_map_push_elem(&free_slots, &slot, 0);
 	won = bpf_map_lookup_elem(&io_slots, key);
-	return won ? *won : -1;
+	return won ? *won : NO_SLOT;
 }
 
 static __always_inline struct io_stats *stats_of(struct io_key *key)
@@ -232,7 +263,7 @@ static __always_inline struct io_stats *stats_of(struct io_key *key)
 	slot = found ? *found : new_slot(key);
 	s = bpf_map_lookup_elem(&io_stats, &slot);
 	if (!s) {
-		health_inc(HEALTH_STATS_FULL);
+		health_inc(slot == RESERVED_SLOT ? HEALTH_STATS_RESERVE : HEALTH_STATS_FULL);
 		return 0;
 	}
 	if (hint) {
@@ -251,8 +282,14 @@ static __always_inline void account_cg(__u64 cgroup_id, __u32 mnt, __u32 flags, 
 				       long ret, __u64 delta, __u32 weight)
 {
 	struct io_key key = { .cgroup_id = cgroup_id, .mnt = mnt, .flags = flags };
-	struct io_stats *s = stats_of(&key);
 	int hist = hist_of(op);
+	struct io_stats *s;
+
+	if (!(flags & IO_KEY_DEV) && (mnt & MNT_ID_FOREIGN)) {
+		key.mnt = mnt & ~MNT_ID_FOREIGN;
+		key.flags |= IO_KEY_FOREIGN;
+	}
+	s = stats_of(&key);
 
 	if (!s)
 		return;

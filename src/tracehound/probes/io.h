@@ -32,6 +32,10 @@ enum io_hist {
 /* key.flags: the mnt field holds a device number (s_dev) rather than a mount
  * id; used by VFS hooks that only see a dentry (mkdir, unlink, ...). */
 #define IO_KEY_DEV 1
+/* key.flags: a user owns the mount or file system (a user namespace made
+ * it): such keys never take the slots kept for the node's own (settings.
+ * reserved) */
+#define IO_KEY_FOREIGN 2
 
 struct io_key {
 	__u64 cgroup_id;
@@ -57,6 +61,8 @@ struct io_stats {
 enum io_health {
 	HEALTH_STATS_FULL = 0,   /* io_stats had no room for a new key */
 	HEALTH_START_FULL,       /* no task storage for a call in flight */
+	HEALTH_STATS_RESERVE,    /* a new key that may not take the slots kept
+				  * for the node's own found only those left */
 	HEALTH_MAX,
 };
 
@@ -77,6 +83,8 @@ struct io_settings {
 			       * CPU per this many ns; 0: time every call */
 	__u32 audit;          /* 1: time every call, sampled or not, into io_audit too
 			       * (measuring the sampler on the same calls and clock) */
+	__u32 reserved;       /* the last this many slots of io_stats go only to keys
+			       * of a cgroup root made and a mount no user owns */
 };
 
 /* The full histograms of one (cgroup, mount) in io_audit: every timed op's

@@ -197,7 +197,8 @@ class IoProbe:
             tp_ops = sum(op_mask(p.group.name) for p in plans if p.mode == "tracepoint")
             obj.map(SETTINGS_MAP).set_initial_value(SETTINGS.pack(
                 self.mounts.mount_namespace_inode(), tp_ops, timed_mask(latency),
-                self.config.max_entries, self.config.sample_gap_ns, int(self.config.audit)))
+                self.config.max_entries, self.config.sample_gap_ns, int(self.config.audit),
+                int(self.config.max_entries * defaults.IO_RESERVED_SHARE)))
             set_cgroup_key(obj, self.config.cgroup_key)
 
         def ready(obj: BpfObject, maps: dict[str, Map]) -> None:

@@ -236,16 +236,19 @@ int BPF_PROG(tb_filemap_add, struct folio *folio)
 	unsigned long flags;
 	__u64 pages = 1;
 	struct io_stats *s;
-	struct io_key key = { .flags = IO_KEY_DEV };
+	struct io_key key = {};
+	int key_flags;
 
 	if (!mapping)
 		return 0;
 	sb = mapping->host->i_sb;
 	if (!sb)
 		return 0;
-	key.mnt = sb->s_dev;
-	if (skipped(key.mnt, key.mnt, sb))
+	key_flags = dev_key_flags(sb);
+	if (key_flags < 0)
 		return 0;
+	key.mnt = sb->s_dev;
+	key.flags = key_flags;
 	/* a page's flags word comes first in struct page and struct folio in
 	 * every kernel, whatever its C type (memdesc_flags_t since 6.18) */
 	flags = *(unsigned long *)folio;

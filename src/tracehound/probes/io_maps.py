@@ -19,9 +19,13 @@ LOOKUP_OPS = OPS[OPS.index("open"):OPS.index("rename") + 1]
 HISTS = ("read", "write", "fsync")
 HIST_SLOTS = 32
 KEY_DEV = 1                          # IO_KEY_DEV: mnt holds a device number
+KEY_FOREIGN = 2                      # IO_KEY_FOREIGN: a user namespace owns the mount
 # settings.tp_ops bits of the groups counted at syscall exit (io.h TP_*)
 TP_BITS = {"copy": 1 << 16, "aio": 1 << 17}
-HEALTH = ("io_stats", "io_start")    # enum io_health: which map was full
+# enum io_health, as the map label of the drops: which map was full, or
+# (io_stats_reserve) only io_stats' slots kept for the node's own were left
+HEALTH = ("io_stats", "io_start", "io_stats_reserve")
+HEALTH_ENUM = ("stats_full", "start_full", "stats_reserve")
 FSTYPE_LEN = 16
 PATH_LEN = 256
 
@@ -41,7 +45,8 @@ CACHE_FILL = N_FIELDS - 1            # index of cache_fill among the counters
 LAYOUTS = (
     IO_KEY, IO_STATS,
     Layout("io_settings", [("agent_mnt_ns", "I"), ("tp_ops", "I"), ("timed_ops", "I"),
-                           ("slots", "I"), ("sample_gap_ns", "I"), ("audit", "I")]),
+                           ("slots", "I"), ("sample_gap_ns", "I"), ("audit", "I"),
+                           ("reserved", "I")]),
     Layout("io_sampler", [("last_ts", "Q"), ("timed", "Q"), ("tick", "Q"), ("task", "Q"),
                           ("since", "I"), ("interval", "I"), ("in_tick", "I"), ("pad", "I")]),
     Layout("fstype_name", [("name", f"{FSTYPE_LEN}s")]),
@@ -50,8 +55,7 @@ LAYOUTS = (
     Layout("io_audit", [("hist", "Q", len(HISTS) * HIST_SLOTS)]),
     EnumLayout("io_op", OPS, "OP_", stop="OP_MAX"),
     EnumLayout("io_hist", HISTS, "HIST_", stop="HIST_MAX"),
-    EnumLayout("io_health", tuple(m.removeprefix("io_") + "_full" for m in HEALTH),
-               "HEALTH_", stop="HEALTH_MAX"),
+    EnumLayout("io_health", HEALTH_ENUM, "HEALTH_", stop="HEALTH_MAX"),
 )
 KEY = IO_KEY.struct
 SETTINGS = LAYOUTS[2].struct

@@ -17,38 +17,78 @@ static __always_inline bool skip_sb(struct super_block *sb)
 	return bpf_map_lookup_elem(&skip_fstypes, &name) != 0;
 }
 
-/* Whether the file system under mount `id` is skipped: a remembered
- * decision while the id and device still match. Hooks that see no mount
- * pass the device as the id (a collision only costs one slow path). */
-static __always_inline bool skipped(__u32 id, __u32 dev, struct super_block *sb)
+/* Whether any user could have made this: a super block or a mount namespace
+ * owned by a user namespace other than the initial one (`unshare -Urm` and
+ * a mount). `mount` is 0 where only the super block is known. A mount of no
+ * namespace (the kernel's own: pipes, memfd) is the kernel's. */
+static __always_inline bool users_own(struct super_block *sb, void *mount)
 {
-	__u64 seen = (__u64)dev << 32 | (id & 0x3fffffff) << 2 | MNT_SEEN;
+	struct mnt_namespace *ns;
+
+	if (BPF_CORE_READ(sb, s_user_ns, level))
+		return true;
+	if (!mount)
+		return false;
+	ns = BPF_CORE_READ((struct mount *)mount, mnt_ns);
+	return ns && BPF_CORE_READ(ns, user_ns, level);
+}
+
+/* What is known of mount `id` (or of a device, passed as the id with no
+ * mount by hooks that see none): MNT_SKIPPED, MNT_FOREIGN, remembered while
+ * the id, the device and the kind still match (a collision only costs one
+ * slow path). */
+static __always_inline __u64 mount_state(__u32 id, __u32 dev, struct super_block *sb,
+					 void *mount)
+{
+	__u64 seen = (__u64)dev << 32 | (__u64)(id & MNT_ID_MASK) << 3 |
+		     (mount ? 0 : MNT_BY_DEV) | MNT_SEEN;
 	__u64 *slot = &mnt_seen[id & (MNT_SLOTS - 1)];
-	bool skip;
+	__u64 state;
 
-	if ((*slot & ~(__u64)MNT_SKIPPED) == seen)
-		return *slot & MNT_SKIPPED;
-	skip = skip_sb(sb);
-	*slot = seen | (skip ? MNT_SKIPPED : 0);
-	return skip;
+	if ((*slot & ~(__u64)(MNT_SKIPPED | MNT_FOREIGN)) == seen)
+		return *slot;
+	state = seen | (skip_sb(sb) ? MNT_SKIPPED : 0) | (users_own(sb, mount) ? MNT_FOREIGN : 0);
+	*slot = state;
+	return state;
 }
 
-/* Mount id from what mount_id_* read, or -1 when its file system is skipped. */
-static __always_inline int mount_id_of(__u32 id, __u32 dev, struct super_block *sb)
+/* key.flags for a key by device: IO_KEY_DEV, with IO_KEY_FOREIGN when a user
+ * owns the super block; -1 when its file system is skipped. */
+static __always_inline int dev_key_flags(struct super_block *sb)
 {
-	return skipped(id, dev, sb) ? -1 : (int)id;
+	__u32 dev = BPF_CORE_READ(sb, s_dev);
+	__u64 state = mount_state(dev, dev, sb, 0);
+
+	if (state & MNT_SKIPPED)
+		return -1;
+	return IO_KEY_DEV | (state & MNT_FOREIGN ? IO_KEY_FOREIGN : 0);
 }
 
-/* Id of the struct mount a vfsmount is embedded in: the one step that needs
- * a probe read where bpf_rdonly_cast is missing. */
+/* Mount id from what mount_id_* read, with MNT_ID_FOREIGN when a user owns
+ * the mount; -1 when its file system is skipped. */
+static __always_inline int mount_id_of(__u32 id, __u32 dev, struct super_block *sb, void *mount)
+{
+	__u64 state = mount_state(id, dev, sb, mount);
+
+	if (state & MNT_SKIPPED)
+		return -1;
+	return (int)(id & MNT_ID_MASK) | (state & MNT_FOREIGN ? MNT_ID_FOREIGN : 0);
+}
+
+/* The struct mount a vfsmount is embedded in. */
+static __always_inline void *mount_around(struct vfsmount *vfsmnt)
+{
+	return (void *)vfsmnt - bpf_core_field_offset(struct mount, mnt);
+}
+
+/* Its id: the one step that needs a probe read where bpf_rdonly_cast is
+ * missing. */
 static __always_inline __u32 id_of_mount_around(struct vfsmount *vfsmnt)
 {
-	unsigned long mount = (unsigned long)vfsmnt - bpf_core_field_offset(struct mount, mnt);
-
 #ifdef IO_PROBE_READS
-	return BPF_CORE_READ((struct mount *)mount, mnt_id);
+	return BPF_CORE_READ((struct mount *)mount_around(vfsmnt), mnt_id);
 #else
-	return VIEW(struct mount, mount)->mnt_id;
+	return VIEW(struct mount, mount_around(vfsmnt))->mnt_id;
 #endif
 }
 
@@ -61,10 +101,11 @@ static __always_inline int mount_id(struct vfsmount *vfsmnt)
 		return -1;
 #ifdef IO_PROBE_READS
 	sb = BPF_CORE_READ(vfsmnt, mnt_sb);
-	return mount_id_of(id_of_mount_around(vfsmnt), BPF_CORE_READ(sb, s_dev), sb);
+	return mount_id_of(id_of_mount_around(vfsmnt), BPF_CORE_READ(sb, s_dev), sb,
+			   mount_around(vfsmnt));
 #else
 	sb = VIEW(struct vfsmount, vfsmnt)->mnt_sb;
-	return mount_id_of(id_of_mount_around(vfsmnt), sb->s_dev, sb);
+	return mount_id_of(id_of_mount_around(vfsmnt), sb->s_dev, sb, mount_around(vfsmnt));
 #endif
 }
 
@@ -78,7 +119,7 @@ static __always_inline int mount_id_typed(struct vfsmount *vfsmnt)
 	if (!vfsmnt)
 		return -1;
 	sb = vfsmnt->mnt_sb;
-	return mount_id_of(id_of_mount_around(vfsmnt), sb->s_dev, sb);
+	return mount_id_of(id_of_mount_around(vfsmnt), sb->s_dev, sb, mount_around(vfsmnt));
 }
 
 static __always_inline struct vfsmount *file_vfsmount(struct file *f)

@@ -40,9 +40,13 @@ static __always_inline void fx_file(__u32 op, struct file *f, long ret)
 
 static __always_inline void fx_sb(__u32 op, struct super_block *sb, long ret)
 {
-	if (!sb || skip_sb(sb))
+	int flags;
+
+	if (!sb)
 		return;
-	account(sb->s_dev, IO_KEY_DEV, op, ret, 0, 0);
+	flags = dev_key_flags(sb);
+	if (flags >= 0)
+		account(sb->s_dev, flags, op, ret, 0, 0);
 }
 
 #define FE_FILE(fn, op)							\
@@ -178,10 +182,13 @@ static __always_inline int finish(long ret)
 static __always_inline void dentry_start(__u32 op, struct dentry *d)
 {
 	struct super_block *sb = BPF_CORE_READ(d, d_sb);
+	int flags;
 
-	if (!sb || skip_sb(sb))
+	if (!sb)
 		return;
-	save_start(op, BPF_CORE_READ(sb, s_dev), IO_KEY_DEV, 0);
+	flags = dev_key_flags(sb);
+	if (flags >= 0)
+		save_start(op, BPF_CORE_READ(sb, s_dev), flags, 0);
 }
 
 static __always_inline void file_start(__u32 op, struct file *f)

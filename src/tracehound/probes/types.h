@@ -26,18 +26,28 @@ struct file_system_type {
 	const char *name;
 } PRESERVE;
 
+/* who owns a mount namespace or a super block: level 0 is the initial user
+ * namespace, more is one any user can make (unshare -U) */
+struct user_namespace {
+	int level;
+} PRESERVE;
+
 struct super_block {
 	dev_t s_dev;
 	struct file_system_type *s_type;
+	struct user_namespace *s_user_ns;
 } PRESERVE;
 
 struct vfsmount {
 	struct super_block *mnt_sb;
 } PRESERVE;
 
+struct mnt_namespace;
+
 struct mount {
 	struct vfsmount mnt;
 	int mnt_id;
+	struct mnt_namespace *mnt_ns;
 } PRESERVE;
 
 struct dentry {
@@ -74,6 +84,7 @@ struct ns_common {
 
 struct mnt_namespace {
 	struct ns_common ns;
+	struct user_namespace *user_ns;
 } PRESERVE;
 
 struct nsproxy {
