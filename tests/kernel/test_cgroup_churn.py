@@ -67,11 +67,13 @@ def _rss_kib(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
-def _ours(metrics: dict, tmpfs: str) -> dict:
-    """write-bytes series on the test's tmpfs, by cgroup label"""
+def _ours(metrics: dict, tmpfs: str, parent: str) -> dict:
+    """write-bytes series of the cgroups below PARENT on the test's tmpfs,
+    by cgroup label (other tests' live cgroups write to that tmpfs too)"""
     return {dict(labels)["cgroup"]: v for (name, labels), v in metrics.items()
             if name == "tracehound_io_write_bytes_total"
-            and dict(labels).get("mountpoint") == tmpfs}
+            and dict(labels).get("mountpoint") == tmpfs
+            and dict(labels).get("cgroup", "").startswith(parent + "/")}
 
 
 def test_short_lived_cgroups_are_exported_once_and_cleaned_up(agent, cgroup_root, tmpfs, forker):
@@ -85,7 +87,7 @@ def test_short_lived_cgroups_are_exported_once_and_cleaned_up(agent, cgroup_root
 
     def record():
         m = agent.scrape()
-        for cg, v in _ours(m, tmpfs).items():
+        for cg, v in _ours(m, tmpfs, parent_rel).items():
             final[cg] = max(v, final.get(cg, 0))
         if rss_start is not None:
             blocks_seen.append(series(m, "tracehound_agent_allocated_blocks"))
@@ -135,7 +137,7 @@ def test_short_lived_cgroups_are_exported_once_and_cleaned_up(agent, cgroup_root
     # every byte exported exactly once, over the run
     assert sum(final.values()) == written
     # no series of a removed cgroup is still exported
-    assert not _ours(m, tmpfs)
+    assert not _ours(m, tmpfs, parent_rel)
     # The kernel map and the agent's own state are back where they started: a
     # leak would leave thousands; the slack is for other cgroups on the host
     # that start doing I/O meanwhile.
@@ -195,8 +197,7 @@ def test_removed_cgroups_leave_the_map_when_nobody_scrapes(hook_mode, cgroup_roo
         while left := ids & cgroups_in_io_map(agent.proc.pid):
             assert time.monotonic() < deadline, f"{len(left)} cgroups still in the map"
             time.sleep(0.2)
-        ours = lambda m: {cg: v for cg, v in _ours(m, tmpfs).items()  # noqa: E731
-                          if cg.startswith(parent.removeprefix(cgroup_root) + "/")}
+        ours = lambda m: _ours(m, tmpfs, parent.removeprefix(cgroup_root))  # noqa: E731
         assert sum(ours(agent.scrape()).values()) == written
         assert ours(agent.scrape()) == {}
     finally:

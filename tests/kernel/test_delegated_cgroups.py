@@ -14,6 +14,8 @@ import uuid
 
 import pytest
 
+from tracehound.chaos.faults import targets
+
 from .conftest import remove_cgroup, require_tools, run_in_cgroup, start_agent, stop_agent
 
 NOBODY = 65534
@@ -123,3 +125,37 @@ def test_thousands_of_a_users_empty_cgroups_do_not_hide_a_jobs_stall(hook_mode, 
         stop_agent(agent)
         rank.kill()
         rank.wait()
+
+
+def in_cgroup(pid: int, path: str) -> bool:
+    with open(f"/proc/{pid}/cgroup") as f:
+        return f"0::{path}\n" in f.read()
+
+
+def test_a_chaos_job_target_takes_no_process_of_a_job_path_a_user_made(cgroup_root, trees):
+    require_tools("setpriv")
+    deleg, root_made = trees
+    forged = f"{deleg}/{JOB_PATH.format(FORGED_JOB)}"
+    real = f"{root_made}/{JOB_PATH.format(REAL_JOB)}"
+    # the user makes the job-like path in the subtree delegated to them and
+    # waits there; a rank of the real job waits in the tree root made
+    user = subprocess.Popen(
+        ["sh", "-c", 'echo $$ > "$0/cgroup.procs" && exec setpriv --reuid={0} --regid={0} '
+         '--clear-groups sh -c \'mkdir -p "$0" && echo $$ > "$0/cgroup.procs" && exec sleep 600\' '
+         '"$1"'.format(NOBODY), cgroup_root + deleg, cgroup_root + forged])
+    rank = subprocess.Popen(["sh", "-c", 'echo $$ > "$0" && exec sleep 600',
+                             cgroup_root + real + "/cgroup.procs"])
+    try:
+        deadline = time.monotonic() + 60
+        while not (in_cgroup(user.pid, forged) and in_cgroup(rank.pid, real)):
+            assert user.poll() is None and rank.poll() is None
+            assert time.monotonic() < deadline, "the processes never reached their cgroups"
+            time.sleep(0.1)
+        assert targets.slurm_job_of(user.pid) is None
+        assert user.pid not in targets.job_pids(FORGED_JOB)
+        assert targets.slurm_job_of(rank.pid) == (REAL_JOB, "0")
+        assert rank.pid in targets.job_pids(REAL_JOB)
+    finally:
+        for proc in (user, rank):
+            proc.kill()
+            proc.wait()

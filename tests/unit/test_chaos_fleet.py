@@ -195,7 +195,7 @@ def test_kubernetes_dry_run_prints_the_jobs(capsys):
     assert kinds == ["ConfigMap", "Job", "Job"]
 
 
-def test_a_job_target_is_this_nodes_processes_of_the_job_only(monkeypatch):
+def test_a_job_target_is_this_nodes_processes_of_the_job_only(monkeypatch, tmp_path):
     paths = {10: {"freezer": "/slurm_n1/uid_0/job_5/step_0/task_0", "": "/"},
              11: {"freezer": "/slurm_n2/uid_0/job_5/step_0/task_0", "": "/"},   # other node
              12: {"freezer": "/slurm_n1/uid_0/job_5/step_1/task_0", "": "/"},   # our own step
@@ -203,6 +203,9 @@ def test_a_job_target_is_this_nodes_processes_of_the_job_only(monkeypatch):
              14: {"": "/system.slice/slurmstepd.scope/job_5/step_2/user/task_0"}}
     monkeypatch.setattr(targets, "proc_cgroups", lambda pid: paths.get(pid, {}))
     monkeypatch.setattr(targets, "all_pids", lambda: sorted(paths))
+    # hierarchies whose directories are gone: nothing but the names decides
+    monkeypatch.setattr(targets, "hierarchy_roots",
+                        lambda: {"": str(tmp_path), "freezer": str(tmp_path)})
     monkeypatch.setattr(targets, "_stat_fields",
                         lambda pid: [str(pid), "python"] + ["0"] * 20)
     monkeypatch.setenv("SLURMD_NODENAME", "n1")

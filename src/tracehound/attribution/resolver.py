@@ -9,12 +9,9 @@ the probes count by the job's v1 cgroup (cgroup_layout.py) and the paths
 resolved here are that hierarchy's: a cgroup is never labelled from the
 processes it holds, which on a shared v2 cgroup named one job for all.
 
-A workload is decoded only from directories root made. Anyone with a
-delegated subtree (systemd's user@UID.service, a rootless container) can
-name directories below it like a Slurm job's or a pod's; with a cgroup root,
+A workload is decoded only from directories root made: with a cgroup root,
 the path's directories are looked at, and a job, pod or VM named below the
-first directory root does not own is not taken: the path is decoded as far
-as root made it (`_made_by_root`).
+first directory root does not own is not taken (ownership.py).
 
 Results are cached per cgroup path. An answer read from the path alone never
 changes and is kept until ``forget``; an answer that depended on processes
@@ -29,11 +26,11 @@ import time
 from collections.abc import Iterable
 from typing import Callable
 
-from . import kubelet, kubernetes, libvirt, slurm, systemd
+from . import kubelet, kubernetes, libvirt, ownership, slurm, systemd
 from .kubelet import PodSource
 from ..host.procs import read_pids, read_text
 from .slurm_jobs import JobIdSource, default_job_id_source
-from .workload import KUBERNETES, SLURM, UNATTRIBUTED, Workload
+from .workload import UNATTRIBUTED, Workload
 
 _DEFAULT = object()
 
@@ -93,12 +90,11 @@ class WorkloadResolver:
         if not cgroup_path.startswith("/"):
             return UNATTRIBUTED, True       # "unknown:<id>" and the like
         components = systemd.split_path(cgroup_path)
-        made = self._made_by_root(components)
-        if made < len(components) and _identity(components) != _identity(components[:made]):
-            # a job, pod or VM named by someone other than root: the path
-            # says only what its root-made part says
-            components = components[:made]
-            cgroup_path = "/" + "/".join(components)
+        if self.cgroup_root is not None:
+            whole = len(components)
+            components = ownership.root_made_part(self.cgroup_root, components)
+            if len(components) < whole:
+                cgroup_path = "/" + "/".join(components)
         parsed = slurm.parse(components)
         if parsed is not None:
             return self._slurm(parsed, cgroup_path)
@@ -109,26 +105,6 @@ class WorkloadResolver:
         if vm is not None:
             return vm, True
         return systemd.match(components) or UNATTRIBUTED, True
-
-    def _made_by_root(self, components: list[str]) -> int:
-        """How many leading components root made. Every directory above the
-        first that root does not own is root's, so that one was made by root
-        too (and handed on: a delegated subtree, or Slurm's job directory
-        owned by the job's user); what lies below it its owner made. A
-        directory already removed is passed over: the ones left above decide
-        (a user cannot remove the subtree delegated to them)."""
-        if self.cgroup_root is None:
-            return len(components)
-        directory = self.cgroup_root.rstrip("/")
-        for i, comp in enumerate(components):
-            directory += "/" + comp
-            try:
-                owner = os.lstat(directory).st_uid
-            except OSError:
-                continue
-            if owner != 0:
-                return i + 1
-        return len(components)
 
     def _slurm(self, parsed: slurm.SlurmPath, cgroup_path: str) -> tuple[Workload, bool]:
         if not parsed.opaque:
@@ -152,14 +128,3 @@ class WorkloadResolver:
         comms = {(read_text(os.path.join(self.proc_root, str(pid), "comm")) or "").strip() for pid in pids}
         return comms == {"pause"}
 
-
-def _identity(components: list[str]) -> tuple | None:
-    """Which job, pod or VM the path names (None: none), from the names alone."""
-    job = slurm.parse(components)
-    if job is not None:
-        return SLURM, job.job_dir
-    kube = kubernetes.parse(components)
-    if kube is not None:
-        return KUBERNETES, kube.pod_uid
-    vm = libvirt.match(components)
-    return None if vm is None else (vm.kind, vm.vm)

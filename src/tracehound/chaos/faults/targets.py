@@ -10,7 +10,8 @@ import re
 import subprocess
 from dataclasses import dataclass
 
-from ...attribution import slurm as slurm_paths
+from ...attribution import ownership, slurm as slurm_paths
+from ...host.mounts import MountTable, MountTableError
 from ...host.procs import proc_cgroups
 from . import FaultError, names
 
@@ -78,19 +79,45 @@ def all_pids() -> list[int]:
 TARGET_KEYS = ("pid", "name", "cgroup", "job_id")
 
 
-def slurm_job_of(pid: int, node: str | None = None) -> tuple[str, str] | None:
+def hierarchy_roots(mountinfo: str = "/proc/self/mountinfo") -> dict[str, str]:
+    """Where each cgroup hierarchy of /proc/PID/cgroup is mounted whole
+    (its root directory): "" for v2, each v1 controller by name."""
+    roots: dict[str, str] = {}
+    try:
+        mounts = MountTable(mountinfo).mounts
+    except MountTableError:
+        return roots
+    for m in mounts:
+        if m.root != "/":
+            continue
+        if m.fstype == "cgroup2":
+            roots.setdefault("", m.mountpoint)
+        elif m.fstype == "cgroup":
+            for option in m.options.split(","):
+                roots.setdefault(option, m.mountpoint)
+    return roots
+
+
+def slurm_job_of(pid: int, node: str | None = None,
+                 roots: dict[str, str] | None = None) -> tuple[str, str] | None:
     """(job id, step) of the Slurm job whose cgroup holds the process, in
     whichever hierarchy says so (v2 on a v2 host, the v1 controllers on a
-    hybrid or v1 one); None for a process of no job. With `node`, a path
+    hybrid or v1 one); None for a process of no job. Only directories root
+    made name a job (attribution/ownership.py), so a hierarchy not mounted
+    here, where they cannot be looked at, names none. With `node`, a path
     under another node's slurmd (slurm_<other>/, as several slurmd on one
     host make) is not this node's job."""
-    for path in proc_cgroups(pid).values():
-        parts = [c for c in path.split("/") if c]
+    if roots is None:
+        roots = hierarchy_roots()
+    for hierarchy, path in proc_cgroups(pid).items():
+        if hierarchy not in roots:
+            continue
+        parts = ownership.root_made_part(roots[hierarchy], [c for c in path.split("/") if c])
         parsed = slurm_paths.parse(parts)
         if parsed is None or not parsed.job_id:
             continue
-        roots = [c[len("slurm_"):] for c in parts if c.startswith("slurm_")]
-        if node and roots and roots[0] != node:
+        slurmds = [c[len("slurm_"):] for c in parts if c.startswith("slurm_")]
+        if node and slurmds and slurmds[0] != node:
             continue
         return parsed.job_id, parsed.step
     return None
@@ -100,8 +127,8 @@ def common_job(pids) -> str | None:
     """The Slurm job every one of the processes belongs to on this node, if
     one: detection then asks for that job's series, which the agent labels
     whatever cgroup (v2, or a v1 controller's) it counts by."""
-    node = os.environ.get("SLURMD_NODENAME")
-    jobs = {(slurm_job_of(pid, node) or (None,))[0] for pid in pids}
+    node, roots = os.environ.get("SLURMD_NODENAME"), hierarchy_roots()
+    jobs = {(slurm_job_of(pid, node, roots) or (None,))[0] for pid in pids}
     return next(iter(jobs)) if len(jobs) == 1 else None
 
 
@@ -110,10 +137,10 @@ def job_pids(job_id: str) -> list[int]:
     and the step this chaos run is itself a part of (srun --jobid --overlap
     puts it inside the job it targets)."""
     own = (os.environ.get("SLURM_JOB_ID"), os.environ.get("SLURM_STEP_ID"))
-    node = os.environ.get("SLURMD_NODENAME")
+    node, roots = os.environ.get("SLURMD_NODENAME"), hierarchy_roots()
     out = []
     for pid in all_pids():
-        found = slurm_job_of(pid, node)
+        found = slurm_job_of(pid, node, roots)
         if found is None or found[0] != job_id or found == own:
             continue
         fields = _stat_fields(pid)
@@ -194,7 +221,6 @@ def enforce_blast_radius(what: str, found: list, limit: int) -> None:
 
 
 def cgroup2_root() -> str:
-    from ...host.mounts import MountTable
     root = MountTable().cgroup2_root()
     if root is None:
         raise FaultError("no cgroup v2 hierarchy is mounted")
