@@ -57,8 +57,9 @@ def stop(minter: subprocess.Popen) -> None:
 
 
 def wait_for(agent, minter: subprocess.Popen, name: str, **labels) -> None:
-    """Until the agent's counter NAME moved, while the minter runs."""
-    deadline = time.monotonic() + 90
+    """Until the agent's counter NAME moved, while the minter runs (its
+    300 mounts take minutes in the VM tier's emulated guest)."""
+    deadline = time.monotonic() + 360
     while series(agent.scrape(), name, **labels) == 0:
         assert minter.poll() is None, minter.stderr.read()[-2000:]
         assert time.monotonic() < deadline, f"{name} {labels} never moved"

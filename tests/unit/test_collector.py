@@ -310,10 +310,11 @@ def test_latency_histograms_keep_the_labels_asked_for(tmp_path):
 
 
 def test_by_default_a_workloads_cgroups_share_its_histogram_and_the_rest_their_mounts(tmp_path):
-    """workload-mount: each step and task of Slurm job 42 keeps a histogram
-    with its labels, without the cgroup (the rows of `top`); two cgroups of
-    no workload sum into the mount's."""
-    items = [(KEY.pack(cg, 40, 0), value(hist=read_hist(12, n), lat=[n * 1000, 0, 0]))
+    """workload-mount: each step of Slurm job 42 keeps a histogram with its
+    labels, its tasks summed into it, without the cgroup (the rows of
+    `top`); two cgroups of no workload sum into the mount's."""
+    items = [(KEY.pack(cg, 40, 0), value(calls=[n] + [0] * (len(col.OPS) - 1),
+                                         hist=read_hist(12, n), lat=[n * 1000, 0, 0]))
              for cg, n in ((7, 1), (8, 2), (9, 4), (10, 8), (11, 16))]
     c = collector(items, tmp_path, latency_histograms=defaults.LATENCY_HISTOGRAMS)
     c.cgroups.paths.update({8: "/other", 9: "/slurm/uid_0/job_42/step_0",
@@ -323,8 +324,7 @@ def test_by_default_a_workloads_cgroups_share_its_histogram_and_the_rest_their_m
     job = (("fstype", "tmpfs"), ("job_id", "42"), ("mountpoint", "/scratch"))
     assert histogram_series(fams) == {
         (("fstype", "tmpfs"), ("mountpoint", "/scratch")): 3,
-        (*job, ("step", "0"), ("workload", "slurm")): 4,
-        (*job, ("step", "0"), ("task", "0"), ("workload", "slurm")): 8,
+        (*job, ("step", "0"), ("workload", "slurm")): 12,
         (*job, ("step", "1"), ("workload", "slurm")): 16}
     # the counters still name every cgroup
     cgroups = {s.labels["cgroup"] for s in fams["tracehound_io_read_requests"].samples}
@@ -368,3 +368,20 @@ def test_every_call_timed_exports_no_timed_calls(tmp_path):
     fams = scrape(c)
     assert "tracehound_io_latency_timed_calls" not in fams
     assert "tracehound_io_latency_sample_gap_seconds" not in fams
+
+
+def test_a_series_is_born_on_its_counters_first_increment(tmp_path):
+    """A label set exports the counters that moved and the histograms of
+    the calls that were timed, nothing at 0: a job that never fails,
+    unlinks or fsyncs mints no series for it."""
+    calls = [0] * len(col.OPS)
+    calls[col.OPS.index("read")] = 3
+    items = [(KEY.pack(7, 40, 0), value(read_bytes=300, calls=calls, hist=read_hist(12, 3),
+                                        lat=[3000, 0, 0]))]
+    fams = scrape(collector(items, tmp_path, latency_histograms="cgroup-mount"))
+    io = {name: f for name, f in fams.items() if name.startswith("tracehound_io_")}
+    assert {n for n, f in io.items() if f.samples} == {
+        "tracehound_io_read_bytes", "tracehound_io_read_requests",
+        "tracehound_io_read_latency_seconds"}
+    assert all(s.value for n in ("tracehound_io_read_bytes", "tracehound_io_read_requests")
+               for s in io[n].samples)

@@ -32,6 +32,8 @@ from tracehound.subsystems.base import Context
 from tracehound.subsystems.io import IoSubsystem
 from tracehound.subsystems.rdma import RdmaSubsystem
 
+# families whose series are born on their first increment
+BORN_ON_FIRST_INCREMENT = "tracehound_io_"
 HERE = os.path.join(os.path.dirname(__file__), "fixtures", "exposition")
 PATHS = {1: "/", 100: "/system.slice/slurmstepd.scope/job_42/step_0/user/task_0",
          101: "/kubepods.slice/kubepods-burstable.slice/kubepods-burstable-pod0b1c2d3e_4f50_6172"
@@ -150,7 +152,8 @@ def comparable(family: str, samples) -> dict:
     """(sample name, labels) -> value of one family's (name, labels, value)
     samples, with what changed on purpose since the reference taken out:
     label values added to the family, and labels added to it (summed over;
-    series of 0 left out). Labels with an empty value are left out."""
+    series of 0 left out), I/O series at 0. Labels with an empty value are
+    left out."""
     added = ADDED_LABELS.get(family, ())
     label, values = ADDED_VALUES.get(family, ("", ()))
     summed: dict = {}
@@ -159,6 +162,13 @@ def comparable(family: str, samples) -> dict:
             continue
         key = (name, tuple(sorted((k, v) for k, v in labels.items() if v and k not in added)))
         summed[key] = summed.get(key, 0) + value
+    if family.startswith(BORN_ON_FIRST_INCREMENT):
+        # an I/O counter at 0 and a histogram of no timed call are no longer
+        # exported: a series is born on its counter's first increment
+        untimed = {labels for (name, labels), v in summed.items()
+                   if name.endswith("_count") and v == 0}
+        summed = {(name, labels): v for (name, labels), v in summed.items()
+                  if v and tuple(kv for kv in labels if kv[0] != "le") not in untimed}
     return {k: v for k, v in summed.items() if v or not added}
 
 

@@ -55,11 +55,12 @@ def test_quantile_ignores_bucket_order_and_backward_noise():
 
 @pytest.mark.parametrize("labels,expected", [
     (dict(cgroup="/thtest/x"), ("cgroup", "/thtest/x")),
-    (dict(cgroup="/s", workload="slurm", job_id="7", step="0", task="3"), ("slurm", "7.0 task 3")),
+    # a step's tasks share its row, as they share its latency histograms
+    (dict(cgroup="/s", workload="slurm", job_id="7", step="0", task="3"), ("slurm", "7.0")),
     (dict(cgroup="/s", workload="slurm", job_id="7", step="batch"), ("slurm", "7.batch")),
     (dict(cgroup="/s", workload="slurm"), ("slurm", "/s")),      # job not resolved yet
     (dict(cgroup="/k", workload="kubernetes", namespace="ml", pod="train-0", container="main"),
-     ("kubernetes", "ml/train-0/main")),
+     ("kubernetes", "ml/train-0")),
     (dict(cgroup="/k", workload="kubernetes", namespace="ml", pod="train-0"),
      ("kubernetes", "ml/train-0")),
     (dict(cgroup="/m", workload="vm", vm="guest1"), ("vm", "guest1")),

@@ -41,12 +41,15 @@ ROOM_HIGH, ROOM_LOW = 0.875, 0.75
 BUCKET_BOUNDS = list(zip(range(FIRST_EXPORTED_POW, HIST_SLOTS), LATENCY.bounds))
 # --latency-histograms (defaults.LATENCY_HISTOGRAM_CHOICES): the indexes in
 # LABELS each latency histogram keeps (None: all); the counters keep all.
-# workload-mount keeps every label but the cgroup: one histogram per
-# workload (a Slurm job, step or task, a pod or container, a VM, a unit: the
-# rows of `top`) and mount, over the cgroups it has; the cgroups of no
-# workload, whose workload labels are all empty, share one per mount.
+# workload-mount keeps every label but the cgroup, the task and the
+# container: one histogram per workload (a Slurm job step, a pod, a VM, a
+# unit: the rows of `top`) and mount, over the cgroups it has; the cgroups
+# of no workload, whose workload labels are all empty, share one per mount.
 HISTOGRAM_LABELS = {
-    "workload-mount": tuple(range(1, len(LABELS))),
+    # a job's (or step's), pod's or VM's latency per mount, not each task's
+    # or container's: the histograms are most of a node's series otherwise
+    "workload-mount": tuple(i for i, name in enumerate(LABELS)
+                            if name not in ("cgroup", "task", "container")),
     "cgroup-mount": None,
     "cgroup": (0, *range(3, len(LABELS))),
     "mount": (1, 2),
@@ -279,7 +282,12 @@ class IoCollector:
         rows = list(samples.values())
 
         def counter(name, doc, values):
-            return ValueRows(f"tracehound_io_{name}", doc, "counter", blocks, values)
+            # a series is born on its counter's first increment: most label
+            # sets never error, unlink or rename, and a node's exposition
+            # would be mostly zeros (docs/metrics.md, "Fleet cost")
+            moved = [i for i, v in enumerate(values) if v]
+            return ValueRows(f"tracehound_io_{name}", doc, "counter",
+                             [blocks[i] for i in moved], [values[i] for i in moved])
 
         yield counter("read_bytes",
                       "Bytes returned by read-type calls (return value, not request size).",
@@ -322,15 +330,16 @@ class IoCollector:
                     key[i] = lv[i]
                 _add_to(groups, tuple(key), s.v)
         get = self.blocks.get
-        blocks = [get(lv) for lv in groups]
-        rows = [s.v for s in groups.values()]
         for h, op in enumerate(HISTS):
             if op not in self.timed:
                 continue
             at = _HIST + h * HIST_SLOTS
+            # as the counters: a histogram is born with its first timed call
+            timed = [(lv, s.v) for lv, s in groups.items() if any(s.v[at:at + HIST_SLOTS])]
+            rows = [v for _lv, v in timed]
             yield HistogramRows(f"tracehound_io_{op}_latency_seconds",
-                                f"Latency of {op} calls (log2 buckets).", blocks,
-                                Slices(rows, at, HIST_SLOTS),
+                                f"Latency of {op} calls (log2 buckets).",
+                                [get(lv) for lv, _v in timed], Slices(rows, at, HIST_SLOTS),
                                 [v[_LAT + h] / 1e9 for v in rows], LATENCY)
 
     def _workload_info(self, samples) -> ValueRows:

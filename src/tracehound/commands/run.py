@@ -163,7 +163,7 @@ def add_parser(sub, hook) -> None:
     run.add_argument("--latency-histograms", choices=defaults.LATENCY_HISTOGRAM_CHOICES,
                      default=defaults.LATENCY_HISTOGRAMS,
                      help="which labels the I/O latency histograms keep: workload-mount (one "
-                          "per workload, a Slurm job, step or task, a pod or container, a VM or a "
+                          "per workload, a Slurm job step, a pod, a VM or a "
                           "unit, and mount; cgroups of no workload share one per mount), cgroup-mount "
                           "(every label set, like the counters), cgroup (summed over mounts), "
                           "mount (summed over cgroups) or off; per label set they are three "

@@ -22,8 +22,10 @@ def workload_identity(labels: dict) -> tuple[str, str]:
     """(kind, name) of the most specific workload a series belongs to.
 
     The name is built from the workload labels only, so the cgroups of one
-    job (its steps' helpers, a pod's sandbox) land on one row; a series
-    without any of NAMING_LABELS is named by its cgroup path instead."""
+    job step (its tasks, its helpers) or of one pod (its containers, its
+    sandbox) land on one row, as the agent's latency histograms sum them;
+    a series without any of NAMING_LABELS is named by its cgroup path
+    instead."""
     get = labels.get
     kind = get("workload", "") or CGROUP_KIND
     if not any(get(k) for k in NAMING_LABELS):
@@ -32,11 +34,9 @@ def workload_identity(labels: dict) -> tuple[str, str]:
         name = get("job_id")
         if get("step"):
             name += "." + get("step")
-        if get("task"):
-            name += " task " + get("task")
         return kind, name
     if get("pod"):
-        return kind, "/".join(p for p in (get("namespace"), get("pod"), get("container")) if p)
+        return kind, "/".join(p for p in (get("namespace"), get("pod")) if p)
     return kind, get("vm") or get("unit")
 
 
