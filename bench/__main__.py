@@ -97,6 +97,10 @@ BENCHMARKS = (
     Benchmark("health-drain", "health_drain", ("health-drain",), ("root", "slurm"),
               "fault to drain (kernel-log line to slurmctld's DRAIN) at 20 and 100 nodes against "
               "HealthCheckInterval, and the breaker's worst instant when every node fails"),
+    Benchmark("fleet-cost", "fleet_cost", ("fleet-cost",), ("root", "prometheus"),
+              "one GPU node's samples from a real agent (a job of 8 tasks on 5 mounts), then a "
+              "real Prometheus holding 100, 1,000 and 2,000 such nodes: head series, memory, "
+              "new series per job, explain's time for a job on 16 and 256 nodes"),
     Benchmark("gpu", "gpu", ("gpu",), ("root", "gpu"),
               "the GPU tier, the GPU faults and the exported values against nvidia-smi"),
 )
