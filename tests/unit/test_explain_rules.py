@@ -358,9 +358,24 @@ def test_the_plot_draws_the_nodes_and_marks_the_findings(tmp_path):
                                                   "n3": [0.002] * 30 + [0.2] * (cols - 30)},
                                 "stopped": {"n1": [0.0] * cols}})
     a.findings = [answer.Finding("slow_writes", 2, "n3", {}, 0.07, "slow", "y", since=1150.0)]
+    from matplotlib import dates as mdates, image     # the bench extra, as --plot needs
+    fig = plot.figure(a)
+    # one panel: the signal that moved ("stopped" stayed at zero)
+    assert [ax.get_ylabel().split("\n")[0] for ax in fig.axes] == ["write latency"]
+    lines = fig.axes[0].get_lines()
+    drawn = {ln.get_label(): list(ln.get_ydata()) for ln in lines
+             if not ln.get_label().startswith("_")}
+    assert drawn == {"n1": [0.002] * cols, "n3": [0.002] * 30 + [0.2] * (cols - 30)}
+    # the finding's onset: a dashed line at its time, numbered 1
+    marks = [ln for ln in lines if ln.get_linestyle() == "--"]
+    assert len(marks) == 1
+    assert mdates.date2num(marks[0].get_xdata()[0]) == pytest.approx(
+        mdates.date2num(datetime.datetime.fromtimestamp(1150.0)))
+    assert [t.get_text() for t in fig.axes[0].texts] == ["1"]
     path = tmp_path / "job.png"
     plot.write(a, str(path))
-    assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert image.imread(str(path)).shape[:2] == (int(fig.get_figheight() * 110),
+                                                 int(fig.get_figwidth() * 110))
 
 
 def test_a_job_that_moved_nothing_has_no_plot(tmp_path):

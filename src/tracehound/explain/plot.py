@@ -11,13 +11,25 @@ from . import timeline
 from .answer import Answer, ExplainError
 
 
-def write(answer: Answer, path: str) -> None:
+def _pyplot():
     try:
         import matplotlib
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
         raise ExplainError("--plot needs matplotlib: pip install 'tracehound[bench]'") from None
+    return plt
+
+
+def write(answer: Answer, path: str) -> None:
+    fig = figure(answer)
+    fig.savefig(path, dpi=110)
+    _pyplot().close(fig)
+
+
+def figure(answer: Answer):
+    """The picture, as a matplotlib figure (write saves it)."""
+    plt = _pyplot()
     moved = {name: rows for name, rows in answer.timeline.items()
              if any(v for row in rows.values() for v in row if v is not None)}
     if not moved:
@@ -42,5 +54,4 @@ def write(answer: Answer, path: str) -> None:
     top = answer.findings[0].says if answer.findings else "nothing abnormal"
     axes[0][0].set_title(f"job {answer.job}, last {answer.window}: 1. {top}"[:120], fontsize=9)
     fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
+    return fig
