@@ -63,7 +63,9 @@ class Agent:
         self.url = url
 
     def scrape_text(self) -> str:
-        with urllib.request.urlopen(self.url, timeout=10) as r:
+        # a scrape takes ~0.2 s in the VM tier's guest, but the guest can
+        # stall for many seconds when the host tiers load the machine beside it
+        with urllib.request.urlopen(self.url, timeout=30) as r:
             return r.read().decode()
 
     def scrape(self) -> dict:

@@ -106,11 +106,17 @@ def check_spec(spec: dict, query: bool = False) -> list[tuple[str, str]]:
     return problems
 
 
+READING_TIMEOUT_S = 15.0
+
+
 def reader(spec: dict):
     """A function returning one reading for the spec's source: a number,
     (sum, count) for a histogram mean, or None when nothing matched."""
     source = spec.get("source", "agent")
-    timeout = min(5.0, float(spec.get("timeout", 5)))
+    # one reading's whole time: an agent or a Prometheus on a busy node (an
+    # emulated guest beside other work) can take seconds to answer, and a
+    # reading given up on is a sample lost to the detection
+    timeout = min(READING_TIMEOUT_S, float(spec.get("timeout", READING_TIMEOUT_S)))
     if source == "agent":
         sel = metrics.parse_selector(spec["query"])
         url = spec.get("url") or metrics.DEFAULT_AGENT_URL
