@@ -11,6 +11,7 @@ import subprocess
 from dataclasses import dataclass
 
 from ...attribution import ownership, slurm as slurm_paths
+from ...attribution.cgroup_layout import v1_hierarchies
 from ...host.mounts import MountTable, MountTableError
 from ...host.procs import proc_cgroups
 from . import FaultError, names
@@ -80,22 +81,15 @@ TARGET_KEYS = ("pid", "name", "cgroup", "job_id")
 
 
 def hierarchy_roots(mountinfo: str = "/proc/self/mountinfo") -> dict[str, str]:
-    """Where each cgroup hierarchy of /proc/PID/cgroup is mounted whole
-    (its root directory): "" for v2, each v1 controller by name."""
-    roots: dict[str, str] = {}
+    """Where the hierarchies a Slurm job's path is read from are mounted:
+    "" for v2, and each v1 hierarchy the agent can count by (freezer,
+    cpuset, memory: cgroup_layout.v1_hierarchies, the agent's own pick)."""
     try:
-        mounts = MountTable(mountinfo).mounts
+        mounts = MountTable(mountinfo)
     except MountTableError:
-        return roots
-    for m in mounts:
-        if m.root != "/":
-            continue
-        if m.fstype == "cgroup2":
-            roots.setdefault("", m.mountpoint)
-        elif m.fstype == "cgroup":
-            for option in m.options.split(","):
-                roots.setdefault(option, m.mountpoint)
-    return roots
+        return {}
+    v2 = mounts.cgroup2_root()
+    return {**({"": v2} if v2 else {}), **v1_hierarchies(mounts)}
 
 
 def slurm_job_of(pid: int, node: str | None = None,
