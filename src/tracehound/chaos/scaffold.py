@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import mmap
 import os
+import select
 import signal
 import subprocess
 import sys
@@ -26,25 +27,41 @@ def _data_file(directory: str, cgroup: str) -> str:
 
 
 def start_writer(cgroup: str, directory: str, block_size: int = 262144, direct: bool = True,
-                 file_bytes: int = 4 << 20, interval: float = 0.01) -> dict:
+                 file_bytes: int = 4 << 20, interval: float = 0.01,
+                 ready_timeout: float = 60.0) -> dict:
     """Start a detached process in a new cgroup (workload_cgroup: where any
     agent counts it) that writes block_size bytes every `interval` seconds
-    to one file, truncating it every file_bytes. Returns its pid."""
+    to one file, truncating it every file_bytes. Returns its pid once it has
+    made its first write (done or failed): a fault applied after this acts
+    on a writer that writes, however long its interpreter took to start on
+    a busy node."""
     path = _cgroup_path(cgroup)
-    argv = workload_cgroup.join_argv(
-        workload_cgroup.make(cgroup),
-        [sys.executable, "-m", __name__, "write", _data_file(directory, cgroup),
-         str(block_size), "1" if direct else "0", str(file_bytes), str(interval)])
-    # Through a shell that exits at once: the writer is re-parented, so no
-    # zombie of it is ever left to the chaos run (or confuses a state check).
-    subprocess.run(["sh", "-c", '"$@" </dev/null >/dev/null 2>&1 &', "sh", *argv], check=True)
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        pids = cgroup_procs(path)
-        if pids:
-            return {"pid": pids[0], "cgroup": cgroup}
-        time.sleep(0.02)
-    raise RuntimeError(f"the writer did not join {cgroup}")
+    ready_r, ready_w = os.pipe()
+    try:
+        argv = workload_cgroup.join_argv(
+            workload_cgroup.make(cgroup),
+            [sys.executable, "-m", __name__, "write", _data_file(directory, cgroup),
+             str(block_size), "1" if direct else "0", str(file_bytes), str(interval),
+             str(ready_w)])
+        # Through a shell that exits at once: the writer is re-parented, so no
+        # zombie of it is ever left to the chaos run (or confuses a state check).
+        subprocess.run(["sh", "-c", '"$@" </dev/null >/dev/null 2>&1 &', "sh", *argv],
+                       check=True, pass_fds=(ready_w,))
+        os.close(ready_w)
+        ready_w = -1
+        # one byte after its first write; end of file if it died first
+        if not select.select([ready_r], [], [], ready_timeout)[0]:
+            raise RuntimeError(f"the writer in {cgroup} made no write within {ready_timeout:g} s")
+        if not os.read(ready_r, 1):
+            raise RuntimeError(f"the writer in {cgroup} exited before its first write")
+    finally:
+        os.close(ready_r)
+        if ready_w >= 0:
+            os.close(ready_w)
+    pids = cgroup_procs(path)
+    if not pids:
+        raise RuntimeError(f"the writer did not stay in {cgroup}")
+    return {"pid": pids[0], "cgroup": cgroup}
 
 
 def make_cgroup(cgroup: str) -> dict:
@@ -84,7 +101,7 @@ def stop_workload(cgroup: str, directory: str | None = None) -> dict:
 
 
 def write_loop(path: str, block_size: int, direct: bool, file_bytes: int,
-               interval: float) -> None:
+               interval: float, ready_fd: int = -1) -> None:
     flags = os.O_WRONLY | os.O_CREAT | (os.O_DIRECT if direct else 0)
     fd = os.open(path, flags, 0o600)
     buf = mmap.mmap(-1, block_size)       # page-aligned, as O_DIRECT needs
@@ -100,6 +117,10 @@ def write_loop(path: str, block_size: int, direct: bool, file_bytes: int,
                 offset = (offset + block_size) % file_bytes
             except OSError:
                 time.sleep(0.05)          # ENOSPC, EIO: keep trying, as a job would
+            if ready_fd >= 0:             # start_writer waits for the first write
+                os.write(ready_fd, b"1")
+                os.close(ready_fd)
+                ready_fd = -1
             if interval:
                 time.sleep(interval)
     finally:
@@ -213,7 +234,8 @@ def unmount(path: str) -> dict:
 if __name__ == "__main__":
     if sys.argv[1] == "write":
         path, bs, direct, size, interval = sys.argv[2:7]
-        write_loop(path, int(bs), direct == "1", int(size), float(interval))
+        ready = int(sys.argv[7]) if len(sys.argv) > 7 else -1
+        write_loop(path, int(bs), direct == "1", int(size), float(interval), ready)
     elif sys.argv[1] == "tcp-sink":
         tcp_sink(sys.argv[2], int(sys.argv[3]))
     elif sys.argv[1] == "tcp-send":
