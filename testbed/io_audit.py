@@ -19,7 +19,7 @@ import subprocess
 from tracehound.collectors.io import LATENCY
 from tracehound.probes.io_maps import HIST_SLOTS, HISTS, IO_KEY
 
-AUDIT_SIZE = len(HISTS) * HIST_SLOTS * 8      # struct io_audit
+AUDIT_SIZE = len(HISTS) * (HIST_SLOTS + 1) * 8      # struct io_audit
 
 
 def _bpftool(*args: str):
@@ -49,9 +49,11 @@ def audit_map_id(pid: int) -> int:
     return named[0]
 
 
-def full_histograms(pid: int) -> dict[tuple[int, int], dict[str, list[int]]]:
+def full_histograms(pid: int, picked: dict | None = None
+                    ) -> dict[tuple[int, int], dict[str, list[int]]]:
     """(cgroup id, mount id) -> {read, write, fsync: log2 slots}, every call
-    counted once."""
+    counted once. PICKED, where given, is filled from the same dump: (cgroup
+    id, mount id) -> {read, write, fsync: calls the sampler picked}."""
     out = {}
     for entry in _bpftool("map", "dump", "id", str(audit_map_id(pid))):
         rec = entry.get("formatted", entry)
@@ -62,6 +64,8 @@ def full_histograms(pid: int) -> dict[tuple[int, int], dict[str, list[int]]]:
         rows = hist if isinstance(hist[0], list) else \
             [hist[i * HIST_SLOTS:(i + 1) * HIST_SLOTS] for i in range(len(HISTS))]
         out[(key["cgroup_id"], key["mnt"])] = dict(zip(HISTS, map(list, rows)))
+        if picked is not None:
+            picked[(key["cgroup_id"], key["mnt"])] = dict(zip(HISTS, rec["value"]["picked"]))
     return out
 
 

@@ -313,7 +313,7 @@ static __always_inline void account_cg(__u64 cgroup_id, __u32 mnt, __u32 flags, 
 			__sync_fetch_and_add(&s->hist[hist][log2_slot(delta)], weight);
 		}
 		if (settings.audit)
-			audit_add(&key, hist, delta);
+			audit_add(&key, hist, delta, weight);
 	}
 }
 

@@ -91,6 +91,7 @@ struct io_settings {
  * call counted once, sampled or not. */
 struct io_audit {
 	__u64 hist[HIST_MAX][HIST_SLOTS];
+	__u64 picked[HIST_MAX];   /* calls the sampler picked (a weight): the key's own timed calls */
 };
 
 /* Sampled timing, per CPU and histogram (io_samplers): while calls of a kind

@@ -52,7 +52,7 @@ LAYOUTS = (
     Layout("fstype_name", [("name", f"{FSTYPE_LEN}s")]),
     Layout("mnt_lpm_key", [("prefixlen", "I"), ("path", f"{PATH_LEN}s")]),
     Layout("mnt_lpm_value", [("mnt_id", "I"), ("skip", "I")]),
-    Layout("io_audit", [("hist", "Q", len(HISTS) * HIST_SLOTS)]),
+    Layout("io_audit", [("hist", "Q", len(HISTS) * HIST_SLOTS), ("picked", "Q", len(HISTS))]),
     EnumLayout("io_op", OPS, "OP_", stop="OP_MAX"),
     EnumLayout("io_hist", HISTS, "HIST_", stop="HIST_MAX"),
     EnumLayout("io_health", HEALTH_ENUM, "HEALTH_", stop="HEALTH_MAX"),

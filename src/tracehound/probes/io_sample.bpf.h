@@ -42,7 +42,9 @@ struct {
  * sampler): every call is timed, the sampler still picks as it would and
  * only its picks reach io_stats' histograms with their weights, and every
  * call's latency is also counted once here, by its key: the sampled and the
- * full histogram of the same calls, read by the same clock. Without it the
+ * full histogram of the same calls, read by the same clock, and how many of
+ * the key's own calls the sampler picked (io_samplers count every key's
+ * together, per CPU). Without it the
  * verifier drops every audit branch (settings is read-only) and the map
  * stays empty (no preallocation). */
 struct {
@@ -55,7 +57,7 @@ struct {
 
 static const struct io_audit audit_zero = {};
 
-static __always_inline void audit_add(struct io_key *key, __u32 hist, __u64 delta)
+static __always_inline void audit_add(struct io_key *key, __u32 hist, __u64 delta, __u32 weight)
 {
 	struct io_audit *a = bpf_map_lookup_elem(&io_audit, key);
 
@@ -65,8 +67,11 @@ static __always_inline void audit_add(struct io_key *key, __u32 hist, __u64 delt
 		if (!a)
 			return;
 	}
-	if (hist < HIST_MAX)
+	if (hist < HIST_MAX) {
 		__sync_fetch_and_add(&a->hist[hist][log2_slot(delta)], 1);
+		if (weight)
+			__sync_fetch_and_add(&a->picked[hist], 1);
+	}
 }
 
 static __always_inline struct io_sampler *sampler_of(__u32 op)
