@@ -75,12 +75,15 @@ def record_for_parity(name, metrics, lb, hook_mode):
 
 def test_calls_slower_than_the_sampling_gap_are_all_timed(agent, cgroup_root, cgroup, tmpfs):
     """Sampled timing (the default) times every call of a kind that comes
-    less often than one per sampling gap on its CPU: each 1 MiB write or read
-    takes longer than the gap, and the fsync and fdatasync are the first of
-    their kind in a long while. So each histogram counts every call."""
+    less often than one per sampling gap on its CPU: the 1 MiB writes and
+    reads each start a pause longer than the gap after the one before, and
+    the fsync and fdatasync are the first of their kind in a long while. So
+    each histogram counts every call."""
+    pause = 0.005
+    assert series(agent.scrape(), "tracehound_io_latency_sample_gap_seconds") < pause
     f = os.path.join(tmpfs, "hist")
-    run_in_cgroup(cgroup_root, cgroup, [["write", f, 4 * MiB, MiB], ["read", f, MiB],
-                                        ["fsync", f]])
+    run_in_cgroup(cgroup_root, cgroup, [["write", f, 4 * MiB, MiB, pause],
+                                        ["read", f, MiB, pause], ["fsync", f]])
     m = agent.scrape()
     lb = labels(cgroup, tmpfs)
     for op in ("read", "write", "fsync"):

@@ -9,6 +9,7 @@ import json
 import mmap
 import os
 import sys
+import time
 
 
 def run(ops):
@@ -17,20 +18,24 @@ def run(ops):
     for op in ops:
         name, args = op[0], op[1:]
         try:
-            if name == "write":            # path, total, chunk
-                path, total, chunk = args
+            if name == "write":            # path, total, chunk[, pause between calls, s]
+                path, total, chunk, *pause = args
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
                 buf = b"x" * chunk
                 done = 0
                 while done < total:
+                    if done and pause:
+                        time.sleep(pause[0])
                     done += os.write(fd, buf[:min(chunk, total - done)])
                 os.close(fd)
                 results.append(done)
-            elif name == "read":           # path, chunk -> bytes read until EOF
-                path, chunk = args
+            elif name == "read":           # path, chunk[, pause] -> bytes read until EOF
+                path, chunk, *pause = args
                 fd = os.open(path, os.O_RDONLY)
                 done = 0
                 while True:
+                    if done and pause:
+                        time.sleep(pause[0])
                     n = len(os.read(fd, chunk))
                     if n == 0:
                         break
