@@ -6,15 +6,14 @@ import signal
 import stat
 import subprocess
 import sys
-from types import SimpleNamespace
 
 import pytest
 
-from tracehound import defaults, instance
+from tracehound import instance
 from tracehound.commands.doctor import instance_line
 from tracehound.errors import SetupError
 from tracehound.instance import InstanceBusy, InstanceLock
-from tracehound.probes import rdma, rdma_pins
+from tracehound.probes import rdma_pins
 
 from tests.conftest import tracehound_cmd
 
@@ -207,99 +206,3 @@ def test_the_kernel_lock_table_is_read_by_its_grammar(tmp_path):
     locks.write_text(f"1: -> FLOCK  ADVISORY  WRITE 111 {dev} 0 EOF\n")
     assert instance.holder_pid(st, str(locks)) is None
     assert instance.holder_pid(st, str(tmp_path / "absent")) is None
-
-
-# -- pin directories ----------------------------------------------------------
-
-def test_removing_a_pin_directory_keeps_other_instances_and_the_root_they_share(tmp_path,
-                                                                                monkeypatch):
-    root = tmp_path / "tracehound"
-    monkeypatch.setattr(defaults, "PIN_ROOT", str(root))
-    (root / "a").mkdir(parents=True)
-    (root / "b").mkdir()
-    (root / "b" / "rdma_objects").write_text("b's pin")
-    rdma_pins.remove_pin_dir(instance.pin_dir("a"))
-    assert sorted(os.listdir(root)) == ["b"]
-    # never recursive: a directory that still holds a pin stays
-    rdma_pins.remove_pin_dir(instance.pin_dir("b"))
-    assert (root / "b" / "rdma_objects").read_text() == "b's pin"
-    (root / "b" / "rdma_objects").unlink()
-    rdma_pins.remove_pin_dir(instance.pin_dir("b"))
-    assert not root.exists()
-
-
-class FakePinning:
-    """bpf_obj_pin as a file at the path (bpffs is not needed to see where
-    the probe pins, what it unlinks and what it leaves)."""
-
-    def bpf_obj_pin(self, fd, path):
-        with open(path, "w") as f:
-            f.write(f"map fd {fd}")
-        return 0
-
-
-@pytest.fixture
-def pin_root(tmp_path, monkeypatch):
-    bpffs = tmp_path / "bpffs"
-    bpffs.mkdir()
-    root = bpffs / "tracehound"
-    monkeypatch.setattr(defaults, "PIN_ROOT", str(root))
-    monkeypatch.setattr(rdma.libbpf, "lib", FakePinning)
-    return root
-
-
-def pinning_probe(name: str) -> rdma.RdmaProbe:
-    probe = rdma.RdmaProbe(rdma.RdmaProbeConfig(instance=name))
-    probe._maps = {"rdma_objects": SimpleNamespace(fd=7), "app_objects": SimpleNamespace(fd=8)}
-    return probe
-
-
-def test_each_instance_pins_apart_replaces_only_its_own_stale_pins_and_leaves_nothing(pin_root):
-    (pin_root / "n1").mkdir(parents=True)
-    (pin_root / "n1" / "rdma_objects").write_text("left by a killed n1")
-    a, b = pinning_probe("n1"), pinning_probe("n2")
-    a._pin()
-    b._pin()
-    assert (pin_root / "n1" / "rdma_objects").read_text() == "map fd 7"
-    assert sorted(os.listdir(pin_root / "n2")) == ["rdma_app_objects", "rdma_objects"]
-    a.close()
-    assert sorted(os.listdir(pin_root)) == ["n2"]
-    assert sorted(os.listdir(pin_root / "n2")) == ["rdma_app_objects", "rdma_objects"]
-    b.close()
-    assert not pin_root.exists()
-
-
-def test_the_default_instance_removes_pins_from_before_instances(pin_root):
-    pin_root.mkdir()
-    (pin_root / "rdma_objects").write_text("an older agent's")
-    probe = pinning_probe("default")
-    probe._pin()
-    assert sorted(os.listdir(pin_root)) == ["default"]
-    probe.close()
-    assert not pin_root.exists()
-
-
-def test_a_symlinked_pin_root_is_not_followed(pin_root, tmp_path, caplog):
-    # bpffs is often mounted mode 1777: any user may make the name first
-    victim = tmp_path / "victim"
-    (victim / "n1").mkdir(parents=True)
-    (victim / "n1" / "rdma_objects").write_text("not the agent's")
-    pin_root.symlink_to(victim)
-    probe = pinning_probe("n1")
-    probe._pin()
-    probe.close()
-    assert (victim / "n1" / "rdma_objects").read_text() == "not the agent's"
-    assert sorted(os.listdir(victim / "n1")) == ["rdma_objects"]
-    assert "mirror not pinned" in caplog.text and "symbolic link" in caplog.text
-
-
-@pytest.mark.parametrize("where", ["root", "instance"])
-def test_a_pin_directory_others_can_write_is_not_used(pin_root, caplog, where):
-    (pin_root / "n1").mkdir(parents=True)
-    os.chmod(pin_root if where == "root" else pin_root / "n1", 0o777)
-    (pin_root / "n1" / "rdma_objects").write_text("someone's")
-    probe = pinning_probe("n1")
-    probe._pin()
-    probe.close()
-    assert (pin_root / "n1" / "rdma_objects").read_text() == "someone's"
-    assert "writable by it alone" in caplog.text
