@@ -19,6 +19,7 @@
 #include <bpf/bpf_core_read.h>
 
 #include "cgroup_names.h"
+#include "btf_keep.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -54,6 +55,8 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 } names_health SEC(".maps");
+
+BTF_KEEP(cgroup_names, enum cgroup_names_health health)
 
 SEC("tracepoint/cgroup/cgroup_mkdir")
 int tp_cgroup_mkdir(struct trace_event_raw_cgroup *ctx)

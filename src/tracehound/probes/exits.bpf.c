@@ -53,6 +53,7 @@ struct task_struct {
 } PRESERVE;
 
 #include "cgroup_key.bpf.h"
+#include "btf_keep.h"
 
 struct {
 	__uint(type, BPF_MAP_TYPE_HASH);
@@ -74,6 +75,8 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 } exit_health SEC(".maps");
+
+BTF_KEEP(exits, enum exit_reason reason, enum exit_health health)
 
 static __always_inline void health_inc(__u32 idx)
 {

@@ -21,6 +21,7 @@
 #include <bpf/bpf_core_read.h>
 #include "io.h"
 #include "cgroup_key.bpf.h"
+#include "btf_keep.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -135,6 +136,8 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 } io_health SEC(".maps");
+
+BTF_KEEP(io, enum io_op op, enum io_hist hist, enum io_health health)
 
 static __always_inline void health_inc(__u32 idx)
 {

@@ -27,6 +27,7 @@
 #define PRESERVE __attribute__((preserve_access_index))
 #include "cgroup_types.h"
 #include "net.h"
+#include "btf_keep.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -73,9 +74,11 @@ struct {
 struct {
 	__uint(type, BPF_MAP_TYPE_ARRAY);
 	__uint(max_entries, NH_MAX);
-	__type(key, enum net_health);     /* typed so the enum is in the object's BTF */
+	__type(key, __u32);
 	__type(value, __u64);
 } net_health SEC(".maps");
+
+BTF_KEEP(net, enum net_counter counter, enum net_health health)
 
 static __always_inline __u64 sock_cgroup_id(const struct sock *sk)
 {

@@ -36,6 +36,7 @@
 #include <bpf/bpf_core_read.h>
 #include "rdma.h"
 #include "cgroup_key.bpf.h"
+#include "btf_keep.h"
 
 char LICENSE[] SEC("license") = "GPL";
 
@@ -91,6 +92,8 @@ struct {
 	__type(key, __u32);
 	__type(value, __u64);
 } rdma_health SEC(".maps");
+
+BTF_KEEP(rdma, enum obj_type type, enum rdma_op op, enum rdma_health health)
 
 /* kprobe mode: (thread id << 8 | slot) -> what the return probe needs */
 struct {
