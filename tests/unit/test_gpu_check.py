@@ -166,6 +166,34 @@ def test_junit_outcomes():
         ("test_nvml_links_real::test_c", "skipped", "no GPU here has NVLink")]
 
 
+def junit_of(*cases: str) -> str:
+    return '<testsuites><testsuite name="pytest">' + "".join(cases) + "</testsuite></testsuites>"
+
+
+PASSED = '<testcase classname="tests.gpu.test_nvml_real" name="test_a" time="1.5"/>'
+NO_NVLINK = ('<testcase classname="tests.gpu.test_nvml_links_real" name="test_links" time="0">'
+             '<skipped message="no GPU here has NVLink (or the driver reports no link state)"/>'
+             '</testcase>')
+NO_TORCH = ('<testcase classname="tests.gpu.test_nvml_real" name="test_burn" time="0">'
+            '<skipped message="neither PyTorch with CUDA nor CuPy is importable"/></testcase>')
+
+
+@pytest.mark.parametrize("cases, outcome", [((PASSED, NO_NVLINK), "pass"),
+                                            ((PASSED, NO_NVLINK, NO_TORCH), "fail")])
+def test_a_skip_for_what_the_image_has_fails_the_tests_part_and_a_missing_nvlink_does_not(
+        tmp_path, monkeypatch, cases, outcome):
+    def pytest_run(cmd, **_kw):         # pytest exits 0 when tests only skip
+        junit = next(a for a in cmd if a.startswith("--junitxml=")).split("=", 1)[1]
+        Path(junit).write_text(junit_of(*cases))
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+    monkeypatch.setattr(gpu_check.subprocess, "run", pytest_run)
+    part = gpu_check.part_tests(str(tmp_path), {})
+    assert part.outcome == outcome
+    said = [n for n in part.notes if "skipped on a machine with a GPU" in n]
+    assert said == ([] if outcome == "pass" else [said[0]])
+    assert all("test_burn" in n and "test_links" not in n for n in said)
+
+
 def test_the_report_has_the_stamp_a_table_per_part_and_the_outcome(tmp_path):
     stamp = {"date": "2024-11-26 14:00 UTC", "commit": "5bbd28239742", "took_s": 301.0,
              "gpus": "1 x NVIDIA H100 80GB HBM3", "driver": "550.54.15 (CUDA 12.4)",
