@@ -197,7 +197,7 @@ def link_down_experiment(c: rg.Checks, agent: rg.Agent) -> None:
     port_errors = agent.value("tracehound_rdma_async_events_total", device=LINK_RXE,
                               event="PORT_ERR") - errors_before
     # the RDMA core unregisters rxe1 after its netdev is gone, asynchronously
-    rg.wait_until(lambda: link_world() == before, 15, 0.2)
+    rg.wait_until(lambda: link_world() == before, rg.SETTLE_S, 0.2)
     run.seen.append(f"PORT_ERR on {LINK_RXE}: {port_errors}")
     judge(c, "link_down", run, before, "DOWN after UP", link_world(), applied_when=went_down)
     run.cleanup()

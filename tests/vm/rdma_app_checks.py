@@ -23,7 +23,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from rdma_guest_kit import (CG, DEVICE, GRACE_S, NO_CAP_IPC_LOCK, PY, TYPES, Agent,  # noqa: E402
                             App, Checks, Lines, anomaly_events, kernel_counts, link_local_ready,
-                            listening, setup_rxe,
+                            listening, setup_rxe, SETTLE_S,
                             wait_until)
 
 APP_CG = "/rdmatest/app"
@@ -69,7 +69,7 @@ def clean_runs(c: Checks, agent: Agent) -> None:
     """A real verbs program's objects, as it holds them, in both views."""
     app = App(APP_CG, "--connect", "--hold")
     want = {t: 1 for t in TYPES}
-    same = wait_until(lambda: app_counts(agent) == kernel_counts(app.pid) == want, 10, 0.3)
+    same = wait_until(lambda: app_counts(agent) == kernel_counts(app.pid) == want, SETTLE_S, 0.3)
     c.record("app_view_matches_kernel", same,
              f"app {app_counts(agent)}, kernel {kernel_counts(app.pid)}, expected {want}")
     show = subprocess.run([PY, "-m", "tracehound", "rdma", "show", "--pid", str(app.pid)],
@@ -111,7 +111,7 @@ def client_server(argv: list[str], port: str) -> tuple[bool, str]:
     server = subprocess.Popen(run, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     # the client connects to the server's TCP port to exchange QP numbers,
     # then to the server's link-local GID, usable once no longer tentative
-    wait_until(link_local_ready, 15, 0.2)
+    wait_until(link_local_ready, SETTLE_S, 0.2)
     if not wait_until(lambda: listening(int(port)) or server.poll() is not None, 60, 0.05) \
             or server.poll() is not None:
         server.kill()
@@ -180,7 +180,7 @@ def killed_mid_setup(c: Checks, agent: Agent, binary: str) -> None:
         app.proc.send_signal(signal.SIGKILL)
         app.proc.wait(timeout=30)
         pids.append(app.pid)
-    gone = wait_until(lambda: not any(kernel_counts(p) for p in pids), 15)
+    gone = wait_until(lambda: not any(kernel_counts(p) for p in pids), SETTLE_S)
     # the agent drops a dead process's records one grace period after it died
     dropped = wait_until(lambda: not app_counts(agent), GRACE_S + 5, 0.3)
     dropped = dropped and agent.detector_turns(1.5)

@@ -26,7 +26,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from guest_checks import Checks  # noqa: E402
 from rdma_guest_kit import (DEVICE, GRACE_S, KERNEL_CHECK_S, NETDEV, NO_CAP_IPC_LOCK, PY,  # noqa: E402
                             STEP_OP, TYPES, Agent, App, anomaly_events, kernel_counts,
-                            kernel_modes, mirror_counts, setup_rxe, sh, totals_agree, wait_until)
+                            kernel_modes, mirror_counts, setup_rxe, sh, totals_agree, wait_until,
+                            SETTLE_S)
 
 def objects_scenario(c: Checks, agent: Agent, prefix: str = "") -> None:
     """hold -> compare with the kernel -> exit -> kill -9"""
@@ -38,7 +39,7 @@ def objects_scenario(c: Checks, agent: Agent, prefix: str = "") -> None:
     want = {t: 1 for t in TYPES}
     seen = wait_until(lambda: (kernel_counts(app.pid), mirror_counts(agent, "/rdmatest/app"))
                       if kernel_counts(app.pid) == mirror_counts(agent, "/rdmatest/app") == want
-                      else None, 10, 0.3)
+                      else None, SETTLE_S, 0.3)
     if not seen:
         seen = (kernel_counts(app.pid), mirror_counts(agent, "/rdmatest/app"))
     c.record(prefix + "objects_match_kernel", seen[0] == seen[1] == want,
@@ -59,14 +60,14 @@ def objects_scenario(c: Checks, agent: Agent, prefix: str = "") -> None:
         c.record("rdma_show_cli", show.returncode == 0 and both >= set(TYPES),
                  f"rc {show.returncode}; in both views: {sorted(both)}\n{show.stdout}{show.stderr}")
     app.exit()
-    gone = wait_until(lambda: not kernel_counts(app.pid) and not mirror_counts(agent, "/rdmatest/app"), 15)
+    gone = wait_until(lambda: not kernel_counts(app.pid) and not mirror_counts(agent, "/rdmatest/app"), SETTLE_S)
     c.record(prefix + "objects_released_on_exit", gone,
              f"kernel {kernel_counts(app.pid)}, mirror {mirror_counts(agent, '/rdmatest/app')}")
 
     app = App("/rdmatest/app", "--hold")
-    held = wait_until(lambda: mirror_counts(agent, "/rdmatest/app") == {t: 1 for t in TYPES}, 10)
+    held = wait_until(lambda: mirror_counts(agent, "/rdmatest/app") == {t: 1 for t in TYPES}, SETTLE_S)
     app.kill()
-    gone = wait_until(lambda: not kernel_counts(app.pid) and not mirror_counts(agent, "/rdmatest/app"), 15)
+    gone = wait_until(lambda: not kernel_counts(app.pid) and not mirror_counts(agent, "/rdmatest/app"), SETTLE_S)
     c.record(prefix + "objects_released_on_kill", held and gone,
              f"held before kill: {held}; after: kernel {kernel_counts(app.pid)}, "
              f"mirror {mirror_counts(agent, '/rdmatest/app')}")
@@ -194,7 +195,7 @@ def main(results: Path) -> int:
         modes = kernel_modes(agent)
         c.record("fentry_mode_attached", modes and set(modes.values()) == {"fentry"},
                  modes or agent.out.text())
-        agree = wait_until(lambda: not totals_agree(agent), 10, 0.5)
+        agree = wait_until(lambda: not totals_agree(agent), SETTLE_S, 0.5)
         c.record("mirror_matches_kernel_at_start", agree,
                  f"(mirror, kernel) differ: {totals_agree(agent)}")
         objects_scenario(c, agent)

@@ -47,6 +47,13 @@ def sh(cmd: str) -> str:
     return out.stdout
 
 
+# How long a guest check waits for a condition it expects to come (the
+# agent catching up with the kernel, a link coming up): a deadline a
+# starved emulated guest beside a loaded host still meets (10 s did not).
+# A condition that holds ends the wait at once.
+SETTLE_S = 60.0
+
+
 def wait_until(fn, timeout: float, interval: float = 0.1):
     deadline = time.monotonic() + timeout
     while True:

@@ -23,7 +23,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from prometheus_client import CollectorRegistry, generate_latest  # noqa: E402
 from prometheus_client.parser import text_string_to_metric_families  # noqa: E402
 from rdma_guest_kit import (DEVICE, NETDEV, Checks, link_local_ready, listening,  # noqa: E402
-                            setup_rxe, sh, wait_until)
+                            setup_rxe, sh, wait_until, SETTLE_S)
 
 from tracehound.collectors.rdma_ports import RdmaPortCollector  # noqa: E402
 from tracehound.detect.rdma_ports import PortWatcher  # noqa: E402
@@ -58,7 +58,7 @@ def scrape(reader: PortReader) -> dict:
 
 
 def pingpong() -> tuple[bool, str]:
-    wait_until(link_local_ready, 15, 0.2)
+    wait_until(link_local_ready, SETTLE_S, 0.2)
     server = subprocess.Popen(PINGPONG, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     wait_until(lambda: listening(PINGPONG_TCP_PORT) or server.poll() is not None, 30)
     client = subprocess.run([*PINGPONG, "localhost"], capture_output=True, text=True, timeout=120)
@@ -98,7 +98,7 @@ def counters_scenario(c: Checks, reader: PortReader) -> None:
         reads[:] = [after, sysfs_hw_counters()]
         return after is not None and after.hw_counters == reads[1]
 
-    wait_until(both_read_alike, 10, 0.05)
+    wait_until(both_read_alike, SETTLE_S, 0.05)
     after, plain = reads
     c.record("reader_matches_sysfs", after is not None and after.hw_counters == plain
              and after.counters == {}, f"reader {after and after.hw_counters}\nsysfs {plain}")
