@@ -8,6 +8,7 @@ import time
 
 import pytest
 
+from testbed.agents import FATAL_XID_WINDOW_S
 from testbed.slurm import ClusterError
 from tests.kernel.test_gpu_kmsg import driver_form, write_kmsg
 
@@ -64,16 +65,25 @@ def test_the_cluster_runs_jobs_on_every_node(cluster):
 def test_a_fatal_xid_drains_its_node_which_jobs_avoid_until_it_clears(cluster):
     n1, others = cluster.nodes[0], cluster.nodes[1:]
     bus_id = cluster.agents.bus_ids[n1]
-    write_kmsg(xid_line(bus_id, 74))
-    info = cluster.wait_nodes(lambda n: ours(n) == (n["NodeName"] == n1), WAIT_S,
-                              f"{n1} drained by tracehound alone")
-    assert info[n1]["Reason"].startswith(f"tracehound: XID 74 NVLink error ({bus_id})"), info[n1]
-    # a job asking for two nodes meanwhile lands on the other two
-    out = subprocess.run(["srun", "-N2", "hostname"], env=cluster.env(), capture_output=True,
-                         text=True, timeout=60)
-    assert out.returncode == 0, out.stderr
-    assert sorted(out.stdout.split()) == sorted(others)
-    assert ours(cluster.node_info()[n1]), "the node came back before the job ran"
+    # A job asked for while the node is drained lands on the other two. The
+    # drain lasts the fatal XID's window: where the host was too slow for the
+    # job to end within it (the node was back by then), it is tried again.
+    for _ in range(3):
+        write_kmsg(xid_line(bus_id, 74))
+        info = cluster.wait_nodes(lambda n: ours(n) == (n["NodeName"] == n1), WAIT_S,
+                                  f"{n1} drained by tracehound alone")
+        assert info[n1]["Reason"].startswith(f"tracehound: XID 74 NVLink error ({bus_id})"), \
+            info[n1]
+        out = subprocess.run(["srun", "-N2", "hostname"], env=cluster.env(),
+                             capture_output=True, text=True, timeout=60)
+        assert out.returncode == 0, out.stderr
+        if ours(cluster.node_info()[n1]):       # drained from before the job to after it
+            assert sorted(out.stdout.split()) == sorted(others)
+            break
+        cluster.wait_nodes(lambda n: "DRAIN" not in n["Flags"], WAIT_S, "resumed")
+    else:
+        pytest.fail(f"the node came back before the job ended, three times in a row "
+                    f"({FATAL_XID_WINDOW_S} s windows)")
     # the fatal XID's window passes: the node serves again, by itself
     cluster.wait_nodes(lambda n: "DRAIN" not in n["Flags"], WAIT_S, "resumed")
     assert f"{n1}: fit; resumed" in health_log(cluster, n1)
