@@ -11,7 +11,7 @@ job's. So the question is first: when did the job run?
            format are read (a job's name or comment is the user's text).
   series   otherwise, the first and the last sample of the series labelled
            with the job (PRESENCE), found in the search range: a coarse
-           range query, then a fine one round each edge. The end is read
+           range query, then finer ones round each edge, to a second. The end is read
            from the series that go with the job's cgroup, not from its
            exits, which are exported a retirement period longer.
 
@@ -32,7 +32,14 @@ SLURM_TIMEOUT_S = 10.0
 # how far back the series are searched for a job Slurm no longer knows:
 # Prometheus's default retention
 SEARCH_S = 15 * 86400
-COARSE_POINTS = 1000              # a range query's points (Prometheus allows 11,000)
+# Points of the coarse range query over the whole search, and of each finer
+# one round an edge. Each costs its points times the job's series (tens of
+# thousands on 256 nodes): a few queries of 100 points, each within the last
+# one's step, cost a tenth of one coarse query of 1,000 and fine ones of a
+# second over a whole coarse step.
+COARSE_POINTS = 100
+REFINE_POINTS = 100
+FINE_STEP_S = 1.0
 RUNNING_SLACK_S = 15              # series seen this recently: the job still runs (as said)
 MAX_LINE = 4096
 
@@ -132,25 +139,31 @@ def _edges(seen: dict[str, list]) -> tuple[float, float] | None:
 
 def from_series(ask, job_sel: str, now: float, search_s: float = SEARCH_S) -> Span | None:
     """The job's first and last sample within SEARCH_S before now, to about a
-    second: three range queries, a coarse one and one round each edge."""
+    second: a coarse range query, then finer ones round each edge, each of
+    REFINE_POINTS points over the step before it, down to a second."""
     step = max(search_s / COARSE_POINTS, 1.0)
     coarse = _edges(_present_at(ask, job_sel, now - search_s, now, step,
                                 f"[{math.ceil(step)}s]"))
     if coarse is None:
         return None
-    # each coarse point saw the step before it: the first and the last sample
-    # lie in the step before the first and the last point, found there at a
-    # second's (at most COARSE_POINTS points of one series each)
-    fine_step = 1.0
-    first = _edges(_present_at(ask, job_sel, coarse[0] - step - fine_step, coarse[0],
-                               fine_step))
-    last = _edges(_present_at(ask, job_sel, coarse[1] - step - fine_step, min(coarse[1], now),
-                              fine_step))
-    start = first[0] if first else coarse[0]
-    end = last[1] if last else coarse[1]
+    # Each point of a search with a lookback saw the step before it: the
+    # first and the last sample lie in the step before the first and the
+    # last point, searched there with a finer step (and the same lookback),
+    # down to a second. The last search has none: a job still running is
+    # then present at its last point, as at every scrape.
+    start, end = coarse
+    while step > FINE_STEP_S:
+        finer = max(step / REFINE_POINTS, FINE_STEP_S)
+        lookback = f"[{math.ceil(finer)}s]" if finer > FINE_STEP_S else ""
+        first = _edges(_present_at(ask, job_sel, start - step - finer, start, finer, lookback))
+        last = _edges(_present_at(ask, job_sel, end - step - finer, min(end, now), finer,
+                                  lookback))
+        start = first[0] if first else start
+        end = last[1] if last else end
+        step = finer
     # the last sample is the end either way: a job still running has one
     # from the last scrape, and a node's XID after it is not yet the job's
-    return Span(start, end, "series", now - end <= 2 * fine_step + RUNNING_SLACK_S)
+    return Span(start, end, "series", now - end <= 2 * FINE_STEP_S + RUNNING_SLACK_S)
 
 
 def of_job(ask, job: str, job_sel: str, window_s: float | None, now: float | None = None,
