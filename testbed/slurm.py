@@ -266,8 +266,11 @@ class Cluster:
             if set(info) == set(self.nodes) and all(predicate(n) for n in info.values()):
                 return info
             time.sleep(0.2)
-        raise ClusterError(f"nodes not {what or 'ready'} after {timeout:g} s: "
-                           f"{ {n: (i.get('State'), i.get('Reason')) for n, i in info.items()} }")
+        failing = {n: {k: i.get(k) for k in ("State", "Flags", "Reason", "Comment")}
+                   for n, i in info.items() if not predicate(i)}
+        raise ClusterError(f"nodes not {what or 'ready'} after {timeout:g} s: {failing}"
+                           + (f"; missing: {sorted(set(self.nodes) - set(info))}"
+                              if set(info) != set(self.nodes) else ""))
 
     # -- down --------------------------------------------------------------
 
