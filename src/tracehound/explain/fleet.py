@@ -1,8 +1,8 @@
 """Fleet mode: every rule asked of the fleet's Prometheus for one job.
 
 When the job ran comes first (span.py: Slurm, else its series). Then one
-query finds the job's nodes (any tracehound series labelled with the job in
-that time), one per rule answers for all of them at once, over the job's
+query finds the job's nodes (the series span.py reads a job's presence from,
+in that time), one per rule answers for all of them at once, over the job's
 time (Over), one says where an agent lost data, and one range query per
 rule that holds says since when. A job on 4 nodes costs about 20 queries,
 whatever its number of cgroups.
@@ -16,7 +16,7 @@ import time
 from dataclasses import replace
 
 from ..clients import prometheus
-from .answer import (JOB_ID, PRESENCE, Answer, ExplainError, Finding, judged, rank, seconds,
+from .answer import (JOB_ID, Answer, ExplainError, Finding, judged, rank, seconds,
                      valid_window)
 from . import span, timeline
 from .rules import AT, RULES, WIN, Rule, compared, fill, first_time, grew
@@ -221,8 +221,9 @@ def _timeline(ask: Asker, answer: Answer, job_sel: str, node_sel: str, found: sp
 
 def _nodes(ask: Asker, job_sel: str, over: Over, label: str) -> list[str]:
     def present(by: str) -> str:
+        # span's lean families: the I/O counters' workload info in their place
         return " or ".join(over.fill(f"group{by} (last_over_time({m}{{{job_sel}}}[{{window}}]"
-                                     "{at}))") for m in PRESENCE)
+                                     "{at}))") for m in (*span.LIVE, span.EXITS))
     nodes = sorted({s.labels.get(label, "") for s in ask.now(present(f" by ({label})"))} - {""})
     if not nodes and ask.now(present("")):
         raise ExplainError(f"the job's series carry no label {label!r}: --node-label names the "

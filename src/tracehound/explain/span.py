@@ -10,7 +10,7 @@ job's. So the question is first: when did the job run?
            one): the start, and the end or now. Only fields squeue and sacct
            format are read (a job's name or comment is the user's text).
   series   otherwise, the first and the last sample of the series labelled
-           with the job (PRESENCE), found in the search range: a coarse
+           with the job (LIVE and EXITS below), found in the search range: a coarse
            range query, then finer ones round each edge, to a second. The end is read
            from the series that go with the job's cgroup, not from its
            exits, which are exported a retirement period longer.
@@ -108,7 +108,13 @@ def from_slurm(job: str, now: float | None = None) -> Span | None:
 # a job's exits are exported a retirement period after its cgroup is gone;
 # its other series go with the cgroup: the end is read from those
 EXITS = "tracehound_process_exits_total"
-LIVE = tuple(m for m in PRESENCE if m != EXITS)
+# A job's I/O counters are one series per cgroup, mount and counter (tens
+# of thousands on 256 nodes), its workload info one per cgroup with I/O,
+# exported as long as they are: that says when as well, at a tenth of the
+# series each range query reads.
+IO_COUNTERS = ("tracehound_io_read_bytes_total", "tracehound_io_write_bytes_total")
+WORKLOAD_INFO = "tracehound_workload_info"
+LIVE = (WORKLOAD_INFO, *(m for m in PRESENCE if m != EXITS and m not in IO_COUNTERS))
 
 
 def _present_at(ask, job_sel: str, start: float, end: float, step: float,
