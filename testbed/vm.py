@@ -242,6 +242,21 @@ def run_in_vm(
             shutil.rmtree(xdir, ignore_errors=True)
 
 
+# The emulated guest's one vCPU runs at this nice value where the host lets
+# it (root): beside the host tiers' twenty Slurm health programs every 4 s,
+# a guest at the host's priority was starved until its agents missed 5 s
+# probes and 15 s readings. What the guest measures is wall-clock bound; the
+# host's tests wait on conditions.
+GUEST_NICE = -5
+
+
+def _before_host_tests() -> None:
+    try:
+        os.setpriority(os.PRIO_PROCESS, 0, GUEST_NICE)
+    except PermissionError:
+        pass
+
+
 def _boot(argv: list[str], xdir: Path, timeout: float, stream: Optional[TextIO]) -> VmResult:
     console = xdir / "console.log"
     out_file = xdir / "output"
@@ -252,7 +267,8 @@ def _boot(argv: list[str], xdir: Path, timeout: float, stream: Optional[TextIO])
     watch = ConsoleWatch(console)
     with open(console, "wb") as log:
         # A new session lets a timeout kill vng and its qemu child together.
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True)
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=log, stderr=log,
+                                start_new_session=True, preexec_fn=_before_host_tests)
         try:
             while True:
                 try:

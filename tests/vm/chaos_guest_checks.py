@@ -317,9 +317,12 @@ def io_errors_run(agent: rg.Agent, cgroup: str, env: dict | None = None) -> tupl
     if not os.path.exists(f"/dev/mapper/{DM_NAME}"):
         make_dm_device()
     before = dm_state()
+    # the detection ends at the first failed write counted; its deadline is
+    # one a starved guest meets (a flapping disk was once seen after 90 s)
     run = ChaosRun("io-errors.yaml", {"TRACEHOUND_METRICS_URL": agent.url,
                                        "CHAOS_DM_NAME": DM_NAME, "CHAOS_MOUNTPOINT": DM_MOUNT,
-                                       "CHAOS_CGROUP": cgroup, **(env or {})}, dm_state)
+                                       "CHAOS_CGROUP": cgroup, "CHAOS_DETECT_TIMEOUT": "120",
+                                       **(env or {})}, dm_state)
     return before, run
 
 
