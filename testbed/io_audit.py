@@ -15,8 +15,10 @@ import math
 import os
 import re
 import subprocess
+from collections.abc import Collection
 
 from tracehound.collectors.io import LATENCY
+from tracehound.host.mounts import MountTable
 from tracehound.probes.io_maps import HIST_SLOTS, HISTS, IO_KEY
 
 AUDIT_SIZE = len(HISTS) * (HIST_SLOTS + 1) * 8      # struct io_audit
@@ -81,3 +83,15 @@ def summed(hists: dict, cgroup_id: int, mnt_ids: set[int], hist: str = "read") -
         if cg == cgroup_id and mnt in mnt_ids:
             total = [a + b for a, b in zip(total, by_hist[hist])]
     return total
+
+
+def picked_by(picked: dict, cgroup_id: int, mnt_ids: set[int], hist: str = "read") -> int:
+    """One cgroup's calls of HIST the sampler picked, over the mounts given
+    (PICKED as full_histograms fills it)."""
+    return sum(by_hist[hist] for (cg, mnt), by_hist in picked.items()
+               if cg == cgroup_id and mnt in mnt_ids)
+
+
+def mount_ids(mountpoints: Collection[str]) -> set[int]:
+    """The ids of the mounts at MOUNTPOINTS, as the kernel keys them."""
+    return {m.mnt_id for m in MountTable().mounts if m.mountpoint in mountpoints}

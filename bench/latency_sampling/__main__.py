@@ -54,8 +54,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from bench.common import REPO, REPORT, log, verdict
 from bench.overhead.tools import facts, tree_env
 from bench.tracer import Tool
-from testbed.io_audit import buckets, full_histograms, summed
-from tracehound.host.mounts import MountTable
+from testbed.io_audit import buckets, full_histograms, mount_ids, summed
 
 CGROUP2 = "/sys/fs/cgroup/unified" if os.path.isdir("/sys/fs/cgroup/unified") else "/sys/fs/cgroup"
 HIST = "tracehound_io_read_latency_seconds"
@@ -158,7 +157,7 @@ def run_workload(name: str, agents: dict[str, Tool], tmpfs: str, disk: str, runt
             res["agents"][k] = histogram_of(
                 got, got["buckets"], None if got["timed"] is None else got["timed"] - (before[k] or 0))
             if k == "audit":
-                ids = {m.mnt_id for m in MountTable().mounts if m.mountpoint in mounts}
+                ids = mount_ids(mounts)
                 full = summed(full_histograms(t.proc.pid), cgroup_id, ids)
                 res["agents"]["audit-full"] = histogram_of(got, buckets(full), None)
         return res

@@ -20,6 +20,7 @@ import pytest
 
 from tests.kernel.conftest import require_tools, series, start_agent, stop_agent
 from tests.kernel.test_chaos_examples import run_example
+from tracehound.gpu.kmsg_parse import parse_record
 
 KMSG = "/dev/kmsg"
 DETECT_INTERVAL_S = 0.5
@@ -199,18 +200,19 @@ def test_lines_written_while_the_agent_is_down_count_once_after_it_restarts(
 
 def kernel_messages() -> list[str]:
     """Every record's message in the kernel ring, oldest first (what the
-    agent reads: /dev/kmsg, not dmesg's formatting)."""
+    agent reads: /dev/kmsg records, not dmesg's formatting)."""
     out = []
     fd = os.open(KMSG, os.O_RDONLY | os.O_NONBLOCK)
     try:
         while True:
             try:
-                raw = os.read(fd, 8192)
+                rec = parse_record(os.read(fd, 8192))
             except BlockingIOError:
                 return out
             except BrokenPipeError:     # a record overwritten while read: the next one
                 continue
-            out.append(raw.decode(errors="replace").split(";", 1)[-1].split("\n", 1)[0])
+            if rec is not None:
+                out.append(rec.message)
     finally:
         os.close(fd)
 

@@ -1,7 +1,7 @@
 """Sampled timing against the real kernel: a storm of page-cache reads is
 counted exact, bytes and calls, while its histogram still counts about
-every call (and, measured by `--latency audit`, only part of them timed); the calls that follow it at a low rate are all
-timed again; `--latency every` times every call. (Calls slower than the
+every call (and, measured by `--latency audit`, only part of them timed);
+the calls that follow it at a low rate are all timed again; `--latency every` times every call. (Calls slower than the
 sampling gap are all timed: test_io_accuracy.py, in every hook mode.)"""
 import contextlib
 import math
@@ -12,8 +12,7 @@ import pytest
 
 from tests.kernel.conftest import (exec_in_cgroup, remove_cgroup, require_tools, run_in_cgroup,
                                    mount_of, series, start_agent, stop_agent)
-from testbed.io_audit import buckets, full_histograms, summed
-from tracehound.host.mounts import MountTable
+from testbed.io_audit import buckets, full_histograms, mount_ids, picked_by, summed
 
 MiB = 1 << 20
 READS = 8192            # 4 KiB random reads of a 32 MiB file
@@ -106,9 +105,7 @@ def test_calls_that_sleep_weigh_as_much_as_the_rest(hook_mode, cgroup_root, cgro
         stop_agent(wide)
     mnt = mount_of(disk_dir)
     requests, counted = reads(m, cgroup, mnt)
-    ids = {m_.mnt_id for m_ in MountTable().mounts if m_.mountpoint == mnt}
-    ino = os.stat(cgroup_root + cgroup).st_ino
-    own = sum(p["read"] for (c, mt), p in picked.items() if c == ino and mt in ids)
+    own = picked_by(picked, os.stat(cgroup_root + cgroup).st_ino, mount_ids({mnt}))
     assert requests >= 4096
     assert 0 < own < requests                               # sampled, not all timed
     assert abs(counted - requests) <= requests / 10, (counted, requests)
@@ -185,11 +182,10 @@ def test_audit_keeps_the_full_histogram_of_the_same_calls_beside_the_sampled_one
         full = full_histograms(audit.proc.pid, picked)
     finally:
         stop_agent(audit)
-    mnt = {m_.mnt_id for m_ in MountTable().mounts if m_.mountpoint == tmpfs}
+    mnt = mount_ids({tmpfs})
 
     def picks(cg: str, op: str) -> int:
-        ino = os.stat(cgroup_root + cg).st_ino
-        return sum(p[op] for (c, mt), p in picked.items() if c == ino and mt in mnt)
+        return picked_by(picked, os.stat(cgroup_root + cg).st_ino, mnt, op)
     storm = summed(full, os.stat(cgroup_root + cgroup).st_ino, mnt)
     requests, counted = reads(m, cgroup, tmpfs)
     assert requests == READS and sum(storm) == READS        # every call, once
